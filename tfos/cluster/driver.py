@@ -1,0 +1,350 @@
+"""The public driver API: reserve a Spark cluster as a TF cluster, start it, feed it, shut it down.
+
+Runs in the Spark driver. Owns the control service (tfos.cluster.driver_service), the barrier
+job that launches one node agent per executor, and the driver-side view of every node.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+
+from tfos import protocol as P
+from tfos.cluster import decisions
+from tfos.cluster.decisions import InputMode
+from tfos.cluster.driver_service import ClusterState, ControlServer, NodeFailure, driver_host
+from tfos.cluster.executor import make_bootstrap
+from tfos.errors import (ClusterStateError, ConfigError, NodeFailedError, ReservationTimeoutError,
+                         TFOSError, TFOSTimeoutError)
+
+logger = logging.getLogger(__name__)
+
+
+class _Phase(enum.Enum):
+    RESERVED = "reserved"
+    RUNNING = "running"
+    SHUT_DOWN = "shut down"
+    FAILED = "failed"
+
+
+def wait_for_slots(sc, num_executors: int, timeout: float) -> int:
+    """Wait until Spark offers ``num_executors`` concurrent task slots; return the slot count."""
+    jsc = sc._jsc.sc()
+    deadline = time.monotonic() + timeout
+    slots = 0
+    while True:
+        try:
+            rp = jsc.resourceProfileManager().defaultResourceProfile()
+            slots = int(jsc.maxNumConcurrentTasks(rp))
+        except Exception:  # very old or unusual Spark: let the barrier stage decide
+            return num_executors
+        if slots >= num_executors:
+            return slots
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ReservationTimeoutError(
+                f"cannot reserve {num_executors} executors: Spark offers {slots} concurrent task slot(s) after "
+                f"waiting {timeout:.0f}s (reservation_timeout). Add executors (--num-executors / "
+                "spark.executor.instances, or more workers), lower num_executors, or raise reservation_timeout "
+                "if executors are still starting.")
+        time.sleep(min(0.5, remaining))
+
+
+class TFCluster:
+    """A TensorFlow cluster running on Spark executors.
+
+    ``TFCluster.reserve(sc, num_executors, num_ps)`` then ``cluster.start(main_fun, args)``, or
+    ``TFCluster.run(sc, main_fun, args, num_executors, num_ps, ...)`` as in TensorFlowOnSpark.
+    """
+
+    InputMode = InputMode
+
+    def __init__(self, sc, roles, cluster_id, secret, settings: dict):
+        self.sc = sc
+        self.roles = roles
+        self.cluster_id = cluster_id
+        self._secret = secret
+        self.settings = settings
+        self.state = ClusterState(cluster_id, roles)
+        self.server = ControlServer(self.state, secret).start()
+        self.driver_host = driver_host(sc.getConf().get("spark.driver.host"))
+        self.input_mode: InputMode | None = None
+        self._phase = _Phase.RESERVED
+        self._error: TFOSError | None = None
+        self._job_thread: threading.Thread | None = None
+        self._job_error: BaseException | None = None
+        self._monitor: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._job_group = f"tfos-{cluster_id}"
+        self._feed_seq = 0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def reserve(cls, sc, num_executors: int, num_ps: int = 0, *, master_node: str | None = "chief",
+                eval_node: bool = False, reservation_timeout: float = 600, num_gpus: int = 0,
+                env: dict | None = None, log_dir: str | None = None, release_port: bool = True,
+                heartbeat_interval: float = 1.0, heartbeat_timeout: float = 30.0,
+                stop_grace_secs: float = 5.0, input_mode=None, tensorboard: bool = False) -> "TFCluster":
+        """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
+
+        Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
+        an evaluator if ``eval_node``, then workers. Fails with ReservationTimeoutError when
+        Spark cannot offer enough slots within ``reservation_timeout`` seconds.
+        """
+        decisions.validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
+                                   InputMode.TENSORFLOW if input_mode is None else input_mode)
+        if tensorboard:
+            raise ConfigError("tensorboard=True is not available in this tfos version: start TensorBoard "
+                              "yourself with `tensorboard --logdir <log_dir>` on the driver")
+        if not isinstance(num_gpus, int) or num_gpus < 0:
+            raise ConfigError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
+        if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+            logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
+                           "nodes; disable dynamic allocation for tfos jobs")
+        roles = decisions.assign_roles(num_executors, num_ps, master_node, eval_node)
+        slots = wait_for_slots(sc, num_executors, reservation_timeout)
+        logger.info("tfos: %d task slots available for %d nodes", slots, num_executors)
+        try:
+            hconf = sc._jsc.hadoopConfiguration()
+            default_fs = hconf.get("fs.defaultFS") or "file:///"
+        except Exception:
+            default_fs = "file:///"
+        settings = dict(reservation_timeout=float(reservation_timeout), num_gpus=num_gpus, env=dict(env or {}),
+                        log_dir=log_dir, release_port=release_port, heartbeat_interval=heartbeat_interval,
+                        heartbeat_timeout=heartbeat_timeout, stop_grace_secs=stop_grace_secs,
+                        default_fs=default_fs)
+        return cls(sc, roles, uuid.uuid4().hex[:12], P.new_secret(), settings)
+
+    @classmethod
+    def run(cls, sc, map_fun, tf_args, num_executors, num_ps, tensorboard=False,
+            input_mode=InputMode.TENSORFLOW, log_dir=None, driver_ps_nodes=False, master_node=None,
+            reservation_timeout=600, queues=("input", "output", "error"), eval_node=False,
+            release_port=True, **kwargs) -> "TFCluster":
+        """Reserve and start in one call; TensorFlowOnSpark 2.x signature and defaults.
+
+        ``queues`` is accepted for compatibility (tfos feeds need no queue declaration).
+        Extra keyword arguments go to :meth:`reserve`.
+        """
+        if driver_ps_nodes:
+            raise ConfigError("driver_ps_nodes=True is not supported: tfos runs ps nodes on executors; "
+                              "drop the argument (ps nodes then take num_ps of the num_executors slots)")
+        cluster = cls.reserve(sc, num_executors, num_ps, master_node=master_node, eval_node=eval_node,
+                              reservation_timeout=reservation_timeout, log_dir=log_dir,
+                              release_port=release_port, input_mode=input_mode, tensorboard=tensorboard,
+                              **kwargs)
+        cluster.start(map_fun, tf_args, input_mode=input_mode)
+        return cluster
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, main_fun, tf_args=None, input_mode=InputMode.TENSORFLOW) -> "TFCluster":
+        """Start one TF process per node running ``main_fun(tf_args, ctx)``; returns when every node
+        has registered (the cluster spec is complete)."""
+        self._check(_Phase.RESERVED, "start")
+        if not callable(main_fun):
+            raise ConfigError(f"main_fun must be callable, got {main_fun!r}")
+        try:
+            self.input_mode = InputMode(input_mode)
+        except ValueError:
+            raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
+        s = self.settings
+        cfg = dict(cluster_id=self.cluster_id, secret=self._secret, driver_host=self.driver_host,
+                   driver_port=self.server.port, roles=self.roles, input_mode=int(self.input_mode), **s)
+        with self.state.cond:
+            self.state.feed_ranks = [i for i, (job, _) in enumerate(self.roles) if job in decisions.TRAINING_JOBS]
+        bootstrap = make_bootstrap(cfg, main_fun, tf_args)
+        n = len(self.roles)
+
+        def run_job():
+            try:
+                self.sc.setJobGroup(self._job_group, f"tfos cluster {self.cluster_id}: {n} TF nodes",
+                                    interruptOnCancel=True)
+                self.sc.parallelize(range(n), n).barrier().mapPartitions(bootstrap).collect()
+            except BaseException as e:  # recorded; the waiting thread turns it into a TFOSError
+                self._job_error = e
+                with self.state.cond:
+                    if not self._closing.is_set():
+                        self.state.abort_reason = f"the tfos reservation job failed: {_short(e)}"
+                    self.state.cond.notify_all()
+
+        self._phase = _Phase.RUNNING
+        self._job_thread = threading.Thread(target=run_job, name=f"tfos-job-{self.cluster_id}", daemon=True)
+        self._job_thread.start()
+        self._monitor = threading.Thread(target=self._monitor_loop, name=f"tfos-monitor-{self.cluster_id}",
+                                         daemon=True)
+        self._monitor.start()
+        timeout = s["reservation_timeout"]
+        deadline = time.monotonic() + timeout
+        with self.state.cond:
+            while not self.state.all_registered():
+                if self.state.failures or self.state.abort_reason:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.state.cond.wait(min(remaining, 1.0))
+            ok = self.state.all_registered() and not self.state.failures
+            missing = [i for i, nd in self.state.nodes.items() if nd.info is None]
+        if not ok:
+            if self.state.failures:
+                err: TFOSError = NodeFailedError(self.state.failures)
+            elif self.state.abort_reason:
+                err = TFOSError(self.state.abort_reason + _node_logs_hint(self.cluster_id))
+            else:
+                err = ReservationTimeoutError(
+                    f"nodes {missing} of {n} did not start within {timeout:.0f}s (reservation_timeout). Spark may "
+                    "lack free slots (other jobs running?) or the TF processes are slow to import; raise "
+                    "reservation_timeout or free executors." + _node_logs_hint(self.cluster_id))
+            self._abort(err)
+            raise err
+        logger.info("tfos cluster %s started: %s", self.cluster_id, json.dumps(self.cluster_spec))
+        return self
+
+    @property
+    def cluster_spec(self) -> dict:
+        with self.state.cond:
+            nodes = [nd.info for _, nd in sorted(self.state.nodes.items()) if nd.info]
+        return decisions.cluster_spec(nodes)
+
+    @property
+    def nodes(self) -> list[dict]:
+        """Registered node descriptions (node_index, job_name, task_index, host, ports, pid)."""
+        with self.state.cond:
+            return [dict(nd.info) for _, nd in sorted(self.state.nodes.items()) if nd.info]
+
+    def metrics(self) -> dict[int, dict]:
+        """Latest values each node sent with ``ctx.report(...)``, by node index."""
+        with self.state.cond:
+            return {i: dict(nd.metrics) for i, nd in self.state.nodes.items()}
+
+    def shutdown(self, grace_secs: float = 0, timeout: float = 259200) -> None:
+        """Wait for the chief and workers to finish, stop ps/evaluator nodes, release the executors.
+
+        Raises NodeFailedError (with each failed node's traceback and log tail) if any node failed,
+        TFOSTimeoutError if the training nodes are still running after ``timeout`` seconds.
+        """
+        if self._phase in (_Phase.SHUT_DOWN,):
+            return
+        if self._phase == _Phase.FAILED:
+            raise self._error
+        if self._phase == _Phase.RESERVED:
+            self._release()
+            self._phase = _Phase.SHUT_DOWN
+            return
+        if self.input_mode == InputMode.SPARK:
+            from tfos.feed.driver_side import close_feeds
+
+            close_feeds(self)
+        trainers = [i for i, (job, _) in enumerate(self.roles) if job in decisions.TRAINING_JOBS]
+        others = [i for i in range(len(self.roles)) if i not in trainers]
+        deadline = time.monotonic() + timeout
+        with self.state.cond:
+            while self.state.unfinished(trainers) and not self.state.failures:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.state.cond.wait(min(remaining, 1.0))
+            timed_out = bool(self.state.unfinished(trainers)) and not self.state.failures
+        if timed_out:
+            err = TFOSTimeoutError(f"training nodes {self.state.unfinished(trainers)} still running after "
+                                   f"{timeout:.0f}s; raise shutdown(timeout=...)")
+            self._abort(err)
+            raise err
+        if others and not self.state.failures:
+            with self.state.cond:
+                self.state.cond.wait_for(lambda: not self.state.unfinished(others), timeout=grace_secs)
+        self._stop_nodes(range(len(self.roles)))
+        if self.state.failures:
+            err = NodeFailedError(self.state.failures)
+            self._phase = _Phase.FAILED
+            self._error = err
+            self._release()
+            raise err
+        self._release()
+        self._phase = _Phase.SHUT_DOWN
+        logger.info("tfos cluster %s shut down", self.cluster_id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.shutdown()
+        else:
+            self._abort(TFOSError(f"aborted by {exc_type.__name__}"))
+
+    # ------------------------------------------------------------------ internals
+    def _check(self, phase: _Phase, what: str) -> None:
+        if self._phase == _Phase.FAILED:
+            raise self._error
+        self.raise_if_failed()
+        if self._phase != phase:
+            raise ClusterStateError(f"cannot {what}: the cluster is {self._phase.value} (expected {phase.value})")
+
+    def raise_if_failed(self) -> None:
+        """Raise NodeFailedError if any node has failed; later calls raise it again."""
+        with self.state.cond:
+            failures = list(self.state.failures)
+        if failures:
+            if self._error is None:
+                self._error = NodeFailedError(failures)
+                self._abort(self._error)
+            raise self._error
+
+    def _monitor_loop(self) -> None:
+        interval = max(0.2, self.settings["heartbeat_interval"])
+        while not self._closing.wait(interval):
+            self.state.check_heartbeats(self.settings["heartbeat_timeout"])
+
+    def _stop_nodes(self, which, timeout: float | None = None) -> None:
+        """Ask the agents of ``which`` nodes to stop and wait until they report their exits."""
+        which = list(which)
+        self.state.request_stop(which)
+        s = self.settings
+        timeout = timeout or (s["heartbeat_interval"] * 2 + s["stop_grace_secs"] + 15)
+        with self.state.cond:
+            started = [i for i in which if self.state.nodes[i].agent or self.state.nodes[i].info]
+            done = self.state.cond.wait_for(lambda: not self.state.unfinished(started), timeout=timeout)
+        if not done:
+            logger.warning("tfos nodes %s did not confirm their exit within %.0fs",
+                           self.state.unfinished(started), timeout)
+
+    def _abort(self, err: TFOSError) -> None:
+        if self._phase in (_Phase.SHUT_DOWN,):
+            return
+        self._error = err
+        self._phase = _Phase.FAILED
+        with self.state.cond:
+            self.state.abort_reason = self.state.abort_reason or str(err).splitlines()[0]
+            self.state.cond.notify_all()
+        self._stop_nodes(range(len(self.roles)))
+        self._release()
+
+    def _release(self) -> None:
+        self._closing.set()
+        if self._job_thread is not None and self._job_thread.is_alive():
+            self._job_thread.join(timeout=10)
+            if self._job_thread.is_alive():
+                self.sc.cancelJobGroup(self._job_group)
+                self._job_thread.join(timeout=30)
+        if self._monitor is not None:
+            self._monitor.join(timeout=5)
+        self.server.stop()
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    for line in text:
+        if "TFOSError" in line or "Error:" in line:
+            return line.strip()[:500]
+    return (text[0] if text else type(e).__name__)[:500]
+
+
+def _node_logs_hint(cluster_id: str) -> str:
+    import tempfile
+
+    return f" Node logs: {os.path.join(tempfile.gettempdir(), 'tfos-' + cluster_id)}/node-*/ on each executor host."

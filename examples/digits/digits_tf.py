@@ -1,0 +1,157 @@
+"""Digits on tfos, InputMode.TENSORFLOW: each rank reads its own, disjoint file shards.
+
+2 worker nodes train one Keras 3 model with MultiWorkerMirroredStrategy (ring all-reduce)
+and a custom training loop; the chief evaluates on the held-out test set.
+
+    python examples/digits/digits_tf.py                 # embedded local-cluster[2,1,1024]
+    spark-submit --master spark://HOST:7077 examples/digits/digits_tf.py --data-dir /shared/digits
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import logging
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+
+def prepare_shards(data_dir: str, num_shards: int = 8, seed: int = 0) -> dict:
+    """Write scikit-learn's bundled digits as CSV shards (label, 64 pixels) plus a test file."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int64)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(y))
+    x, y = x[order], y[order]
+    n_test = len(y) // 4
+    os.makedirs(data_dir, exist_ok=True)
+    rows = np.concatenate([y[:, None].astype(np.float32), x], axis=1)
+    np.savetxt(os.path.join(data_dir, "test.csv"), rows[:n_test], delimiter=",", fmt="%.6g")
+    for i, shard in enumerate(np.array_split(rows[n_test:], num_shards)):
+        np.savetxt(os.path.join(data_dir, f"train-{i:05d}.csv"), shard, delimiter=",", fmt="%.6g")
+    return {"train_rows": len(y) - n_test, "test_rows": n_test, "shards": num_shards}
+
+
+def load_csv(paths):
+    data = np.concatenate([np.loadtxt(p, delimiter=",", dtype=np.float32, ndmin=2) for p in paths])
+    return data[:, 1:], data[:, 0].astype(np.int64)
+
+
+def build_model():
+    import keras
+
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                             keras.layers.Dense(10)])
+
+
+def main_fun(args, ctx):
+    """Runs on every node, in its TF process. TF_CONFIG is already set by tfos."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    data_dir = ctx.absolute_path(args.data_dir).replace("file://", "")
+    files = sorted(glob.glob(os.path.join(data_dir, "train-*.csv")))
+    mine = files[ctx.rank::ctx.num_workers]  # disjoint shards per global rank
+    x, y = load_csv(mine)
+    print(f"rank {ctx.rank}/{ctx.num_workers}: {len(mine)} shards, {len(y)} rows", flush=True)
+
+    global_batch = args.batch_size * ctx.num_workers
+    steps_per_epoch = args.train_rows // global_batch
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+
+    def dataset_fn(_input_context):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=ctx.rank).repeat()
+        return ds.batch(args.batch_size).with_options(options)
+
+    dist_ds = strategy.distribute_datasets_from_function(dataset_fn)
+    with strategy.scope():
+        model = build_model()
+        optimizer = __import__("keras").optimizers.Adam(args.learning_rate)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            logits = model(xb, training=True)
+            per_example = tf.keras.losses.sparse_categorical_crossentropy(yb, logits, from_logits=True)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(it):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=next(it)), axis=None)
+
+    it = iter(dist_ds)
+    for epoch in range(args.epochs):
+        total = 0.0
+        for _ in range(steps_per_epoch):
+            total += float(train_step(it))
+        print(f"rank {ctx.rank} epoch {epoch}: loss {total / steps_per_epoch:.4f}", flush=True)
+
+    out_dir = ctx.absolute_path(args.output_dir).replace("file://", "")
+    os.makedirs(out_dir, exist_ok=True)
+    np.savez(os.path.join(out_dir, f"weights-rank{ctx.rank}.npz"), *[w.numpy() for w in model.weights])
+    if ctx.is_chief:
+        xt, yt = load_csv([os.path.join(data_dir, "test.csv")])
+        pred = np.argmax(model(xt, training=False).numpy(), axis=1)
+        acc = float(np.mean(pred == yt))
+        with open(os.path.join(out_dir, "result.json"), "w") as f:
+            json.dump({"accuracy": acc, "test_rows": int(len(yt)), "epochs": args.epochs}, f)
+        print(f"chief: test accuracy {acc:.4f}", flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-executors", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--learning-rate", type=float, default=0.01)
+    p.add_argument("--data-dir", default=None, help="directory every node can read (default: a temp dir)")
+    p.add_argument("--output-dir", default=None)
+    p.add_argument("--master", default=None, help="Spark master (default: embedded local-cluster)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> float:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    from tfos import InputMode, TFCluster
+
+    base = tempfile.mkdtemp(prefix="tfos-digits-")
+    args.data_dir = os.path.abspath(args.data_dir or os.path.join(base, "data"))
+    args.output_dir = os.path.abspath(args.output_dir or os.path.join(base, "out"))
+    info = prepare_shards(args.data_dir)
+    args.train_rows = info["train_rows"]
+    if args.master:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.master(args.master).appName("tfos-digits").getOrCreate()
+    else:
+        try:
+            spark = __import__("pyspark.sql", fromlist=["SparkSession"]).SparkSession.getActiveSession()
+        except Exception:
+            spark = None
+        if spark is None:
+            from tfos.testing import local_cluster_session
+
+            spark = local_cluster_session(args.num_executors, app_name="tfos-digits")
+    cluster = TFCluster.run(spark.sparkContext, main_fun, args, args.num_executors, 0,
+                            input_mode=InputMode.TENSORFLOW, master_node="chief")
+    cluster.shutdown()
+    with open(os.path.join(args.output_dir, "result.json")) as f:
+        result = json.load(f)
+    print(f"digits: {args.num_executors} nodes, {args.epochs} epochs, test accuracy {result['accuracy']:.4f}")
+    return result["accuracy"]
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()

@@ -221,6 +221,42 @@ class TFCluster:
         with self.state.cond:
             return {i: dict(nd.metrics) for i, nd in self.state.nodes.items()}
 
+    def train(self, data, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input",
+              chunk_rows: int | None = None) -> int:
+        """Stream ``data`` (an RDD of tuples/lists/dicts/arrays, or a DataFrame) into the training
+        nodes ``num_epochs`` times (InputMode.SPARK). Every row reaches exactly one node once per
+        epoch, shares balanced across nodes; then every node's feed ends. Returns the rows fed.
+
+        Raises FeedTimeoutError if a node accepts no data for ``feed_timeout`` seconds, FeedError
+        for rows that cannot be converted, NodeFailedError if a node fails meanwhile.
+        """
+        self._check(_Phase.RUNNING, "train")
+        self._require_spark_mode("train")
+        if not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigError(f"num_epochs must be a positive int, got {num_epochs!r}")
+        from tfos.feed import driver_side
+
+        return driver_side.train(self, data, num_epochs, feed_timeout, qname, chunk_rows)
+
+    def inference(self, data, feed_timeout: float = 600, qname: str = "input", chunk_rows: int | None = None,
+                  output_column: str = "prediction", output_type: str | None = None):
+        """One result per input row, in input order within each partition (InputMode.SPARK).
+
+        RDD in -> RDD of results (lazy, like any RDD). DataFrame in -> the same DataFrame plus
+        ``output_column`` of Spark SQL type ``output_type`` (e.g. 'double', 'array<float>').
+        main_fun answers with ``feed.batch_results(...)``.
+        """
+        self._check(_Phase.RUNNING, "run inference")
+        self._require_spark_mode("inference")
+        from tfos.feed import driver_side
+
+        return driver_side.inference(self, data, feed_timeout, qname, chunk_rows, output_column, output_type)
+
+    def _require_spark_mode(self, what: str) -> None:
+        if self.input_mode != InputMode.SPARK:
+            raise ClusterStateError(f"cluster.{what}() feeds data from Spark: start the cluster with "
+                                    "input_mode=InputMode.SPARK (in InputMode.TENSORFLOW nodes read their own files)")
+
     def shutdown(self, grace_secs: float = 0, timeout: float = 259200) -> None:
         """Wait for the chief and workers to finish, stop ps/evaluator nodes, release the executors.
 

@@ -1,0 +1,236 @@
+"""Feeding code that runs in Spark tasks (Python workers). Never imports TensorFlow.
+
+Each task converts its partition to Arrow record batches and streams them over authenticated
+TCP channels to the TF processes' feed hubs. In training, the driver assigns each chunk to the
+node that has received the fewest rows so far (balanced shares whatever the partition sizes);
+in inference a partition goes to one node and its results come back in order on the same
+channel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+
+import pyarrow as pa
+
+from tfos import protocol as P
+from tfos.errors import FeedError, FeedTimeoutError, ProtocolError, TFOSError
+from tfos.feed import arrow_rows
+
+TARGET_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def _row_bytes(batch: pa.RecordBatch) -> int:
+    return max(1, batch.nbytes // max(1, batch.num_rows))
+
+
+def rows_to_chunks(iterator, partition: int, chunk_rows: int | None):
+    """Group Python rows into record batches of about TARGET_CHUNK_BYTES (or ``chunk_rows``)."""
+    size = chunk_rows or 256
+    index = 0
+    it = iter(iterator)
+    while True:
+        rows = list(itertools.islice(it, size))
+        if not rows:
+            return
+        batch = arrow_rows.rows_to_batch(rows, partition, index)
+        index += len(rows)
+        yield batch
+        if chunk_rows is None:
+            size = max(64, min(65536, TARGET_CHUNK_BYTES // _row_bytes(batch)))
+
+
+def arrow_to_chunks(batches, chunk_rows: int | None):
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        step = chunk_rows or max(64, TARGET_CHUNK_BYTES // _row_bytes(b))
+        for off in range(0, b.num_rows, step):
+            yield b.slice(off, step)
+
+
+def _guard_retry(what: str) -> None:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is not None and tc.attemptNumber() > 0:
+        raise FeedError(f"{what}: an earlier attempt of this task failed after sending part of its rows; "
+                        "not resending them (rows would be fed twice). See the first failure above.")
+
+
+class _Sender:
+    def __init__(self, cfg: dict, partition: int, train: bool):
+        self.cfg = cfg
+        self.partition = partition
+        self.train = train
+        self.channels: dict[int, P.Channel] = {}
+        self.rows: dict[int, int] = {}
+
+    def channel(self, node: int) -> P.Channel:
+        ch = self.channels.get(node)
+        if ch is None:
+            host, port = self.cfg["feed_addresses"][str(node)]
+            ch = P.Channel.connect(host, port, self.cfg["secret"], timeout=min(60.0, self.cfg["feed_timeout"]),
+                                   what=f"feed of node {node}", setting="feed_timeout")
+            ch.settimeout(self.cfg["feed_timeout"])
+            ch.send(P.FeedBegin(self.cfg["feed_id"], self.cfg["qname"], self.partition, self.train))
+            self.channels[node] = ch
+            self.rows[node] = 0
+        return ch
+
+    def send(self, node: int, batch: pa.RecordBatch) -> None:
+        ch = self.channel(node)
+        try:
+            ch.send_data(arrow_rows.to_ipc(batch))
+        except socket.timeout:
+            raise FeedTimeoutError(
+                f"node {node} accepted no data for {self.cfg['feed_timeout']:.0f}s while feeding partition "
+                f"{self.partition} (raise feed_timeout, or check that main_fun keeps reading its feed)") from None
+        except OSError as e:
+            raise FeedError(f"feeding partition {self.partition} to node {node} failed: {e} (the node's TF "
+                            "process may have died; the driver reports its log)") from None
+        self.rows[node] += batch.num_rows
+
+    def finish(self) -> None:
+        for node, ch in self.channels.items():
+            try:
+                ch.send(P.FeedPartitionEnd(self.rows[node]))
+                ack = ch.recv()
+            except socket.timeout:
+                raise FeedTimeoutError(f"node {node} did not confirm partition {self.partition} within "
+                                       f"{self.cfg['feed_timeout']:.0f}s (raise feed_timeout)") from None
+            except (OSError, ProtocolError) as e:
+                raise FeedError(f"node {node} dropped the feed of partition {self.partition}: {e}") from None
+            if not isinstance(ack, P.FeedAck) or ack.rows != self.rows[node]:
+                raise FeedError(f"node {node} acknowledged {getattr(ack, 'rows', ack)} of {self.rows[node]} rows "
+                                f"of partition {self.partition}")
+
+    def close(self) -> None:
+        for ch in self.channels.values():
+            ch.close()
+
+
+def make_train_feeder(cfg: dict, arrow_input: bool):
+    """mapPartitionsWithIndex function (RDD rows) or mapInArrow function (DataFrames)."""
+
+    def feed(partition: int, iterator):
+        _guard_retry(f"feeding partition {partition}")
+        chunks = arrow_to_chunks(iterator, cfg["chunk_rows"]) if arrow_input else \
+            rows_to_chunks(iterator, partition, cfg["chunk_rows"])
+        sender = _Sender(cfg, partition, train=True)
+        driver = P.Channel.connect(cfg["driver_host"], cfg["driver_port"], cfg["secret"], timeout=60.0,
+                                   what="tfos driver")
+        total = 0
+        try:
+            driver.settimeout(60.0)
+            for batch in chunks:
+                node = driver.request(P.AssignChunk(cfg["cluster_id"], cfg["feed_id"], batch.num_rows)).node_index
+                sender.send(node, batch)
+                total += batch.num_rows
+            sender.finish()
+        finally:
+            sender.close()
+            driver.close()
+        return total
+
+    if arrow_input:
+        def feed_arrow(batches):
+            from pyspark import TaskContext
+
+            total = feed(TaskContext.get().partitionId(), batches)
+            yield pa.RecordBatch.from_arrays([pa.array([total], pa.int64())], names=["rows"])
+        return feed_arrow
+
+    def feed_rows(partition, iterator):
+        yield feed(partition, iterator)
+    return feed_rows
+
+
+def make_inference_feeder(cfg: dict, arrow_input: bool):
+    """Stream a partition to one node, yield its results in input order."""
+    nodes = cfg["feed_nodes"]
+
+    def infer(partition: int, iterator):
+        _guard_retry(f"inference on partition {partition}")
+        node = nodes[partition % len(nodes)]
+        chunks = arrow_to_chunks(iterator, cfg["chunk_rows"]) if arrow_input else \
+            rows_to_chunks(iterator, partition, cfg["chunk_rows"])
+        sender = _Sender(cfg, partition, train=False)
+        ch = sender.channel(node)
+        errors: list[BaseException] = []
+
+        def send_all():
+            try:
+                for batch in chunks:
+                    sender.send(node, batch)
+                ch.send(P.FeedPartitionEnd(sender.rows[node]))
+            except BaseException as e:  # re-raised in the task's main thread below
+                errors.append(e)
+                try:
+                    ch.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        t = threading.Thread(target=send_all, name="tfos-infer-send", daemon=True)
+        t.start()
+        answered = 0
+        try:
+            while True:
+                try:
+                    msg = ch.recv()
+                except socket.timeout:
+                    raise FeedTimeoutError(f"node {node} returned no inference results for "
+                                           f"{cfg['feed_timeout']:.0f}s on partition {partition} (raise "
+                                           "feed_timeout, or check that main_fun calls batch_results)") from None
+                except (OSError, ProtocolError) as e:
+                    t.join(5)
+                    if errors:
+                        raise errors[0]
+                    raise FeedError(f"node {node} dropped inference of partition {partition}: {e} (its TF "
+                                    "process may have died; the driver reports its log)") from None
+                if isinstance(msg, P.FeedAck):
+                    break
+                if not isinstance(msg, P.FeedResults):
+                    raise FeedError(f"unexpected {type(msg).__name__} from node {node}")
+                kind, data = ch.recv_frame()
+                batch = arrow_rows.from_ipc(data)
+                answered += batch.num_rows
+                yield batch
+            t.join(30)
+            if errors:
+                raise errors[0]
+            if answered != sender.rows[node]:
+                raise FeedError(f"partition {partition}: {sender.rows[node]} rows sent, {answered} results returned"
+                                + (" (the node terminated its feed)" if msg.terminated else ""))
+        finally:
+            sender.close()
+
+    if arrow_input:
+        def infer_arrow(batches):
+            from pyspark import TaskContext
+
+            pending = []
+            inputs = []
+
+            def tee():
+                for b in batches:
+                    inputs.append(b)
+                    yield b
+            for res in infer(TaskContext.get().partitionId(), tee()):
+                pending.append(res)
+            src = pa.Table.from_batches(inputs) if inputs else None
+            if src is None:
+                return
+            results = pa.Table.from_batches(pending).column(0).combine_chunks() if pending else pa.array([])
+            results = results.cast(cfg["result_arrow_type"])
+            out = src.append_column(cfg["result_column"], results)
+            for b in out.to_batches():
+                yield b
+        return infer_arrow
+
+    def infer_rows(partition, iterator):
+        for batch in infer(partition, iterator):
+            yield from batch.column(0).to_pylist()
+    return infer_rows

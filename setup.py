@@ -11,7 +11,7 @@ setup(
     install_requires=["pyarrow>=14", "numpy"],
     extras_require={
         "tf": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'"],
-        "spark": ["pyspark>=3.5"],
+        "spark": ["pyspark>=3.5", "pandas>=2.2,<3"],
         "examples": ["scikit-learn", "tf-keras"],
         "test": ["pytest>=7", "pytest-timeout", "psutil", "scikit-learn", "tf-keras"],
         "horovod": ["horovod>=0.28"],

@@ -10,6 +10,14 @@ from tfos.errors import (AuthenticationError, ClusterStateError, ConfigError, Fe
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    if name == "TFNode":  # TensorFlowOnSpark compatibility: `from tfos import TFNode`
+        from tfos.compat import TFNode
+
+        return TFNode
+    raise AttributeError(f"module 'tfos' has no attribute {name!r}")
+
 __all__ = ["TFCluster", "InputMode", "TFOSError", "ConfigError", "ProtocolError", "AuthenticationError",
            "TFOSTimeoutError", "ReservationTimeoutError", "FeedTimeoutError", "FeedError", "ClusterStateError",
-           "NodeFailedError", "__version__"]
+           "NodeFailedError", "TFNode", "__version__"]

@@ -27,3 +27,18 @@ def export_saved_model(model, export_dir: str, is_chief: bool = False) -> str | 
         if not is_chief:
             tf.io.gfile.rmtree(target) if tf.io.gfile.exists(target) else None
     return export_dir if is_chief else None
+
+
+class TFNode:
+    """TensorFlowOnSpark's ``TFNode`` module as a namespace, so ``from tfos import TFNode`` and
+    ``TFNode.DataFeed(ctx.mgr, train_mode, qname_in, qname_out, input_mapping)`` keep working."""
+
+    @staticmethod
+    def DataFeed(mgr, train_mode=True, qname_in="input", qname_out="output", input_mapping=None):  # noqa: N802
+        from tfos.feed.consumer import DataFeed
+
+        return DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping)
+
+    @staticmethod
+    def hdfs_path(ctx, path):
+        return ctx.absolute_path(path)

@@ -142,9 +142,21 @@ class NodeExited:
 # feeding Spark task -> driver
 @message
 class AssignChunk:
+    """Ask which node takes the next ``rows`` rows. ``failed_node`` >= 0 reports that sending to
+    that node failed; the driver reassigns if the node had finished reading (terminate / exit 0)."""
+
     cluster_id: str
     feed_id: str
     rows: int
+    failed_node: int = -1
+
+
+# TF process -> driver: main_fun called feed.terminate(): skip the rest of the feed
+@message
+class FeedTerminated:
+    cluster_id: str
+    node_index: int
+    qname: str
 
 
 # node -> driver: progress / metrics
@@ -178,7 +190,7 @@ class HeartbeatReply:
 
 @message
 class AssignReply:
-    node_index: int
+    node_index: int  # -1: every node stopped reading; skip the rest of the partition
 
 
 # feed channel (Spark task or driver -> TF process), see tfos/feed
@@ -242,7 +254,7 @@ class Channel:
     # -- setup
     @classmethod
     def connect(cls, host: str, port: int, secret: str, timeout: float, what: str = "tfos service",
-                setting: str = "") -> "Channel":
+                setting: str = "", retry: bool = True) -> "Channel":
         deadline = time.monotonic() + timeout
         delay = 0.05
         last: Exception | None = None
@@ -256,6 +268,8 @@ class Channel:
                 sock = socket.create_connection((host, port), timeout=min(remaining, 10.0))
                 break
             except OSError as e:  # refused while starting, or transient: retry with backoff
+                if not retry:
+                    raise
                 last = e
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 1.0)

@@ -57,6 +57,7 @@ class ClusterState:
         self.failures: list[NodeFailure] = []
         self.feed_rows: dict[str, dict[int, int]] = {}
         self.feed_ranks: list[int] = []  # node indexes that take fed data
+        self.feed_terminated: set[int] = set()
         self.abort_reason: str | None = None
 
     # -- queries
@@ -158,14 +159,31 @@ class ClusterState:
                 self.cond.notify_all()
         return P.Ack()
 
+    def finished_reading(self, i: int) -> bool:
+        """Node ``i`` terminated its feed or ended successfully: data for it may be skipped."""
+        n = self.nodes[i]
+        return i in self.feed_terminated or (n.exited is not None and n.exited.exit_code == 0)
+
     def _on_AssignChunk(self, msg: P.AssignChunk):
         with self.cond:
             if not self.feed_ranks:
                 return P.ErrorReply("no node of this cluster accepts fed data")
+            if msg.failed_node >= 0 and not self.finished_reading(msg.failed_node):
+                return P.ErrorReply(f"node {msg.failed_node} stopped accepting data without finishing; "
+                                    "see the node's log in the driver's error")
+            live = [i for i in self.feed_ranks if not self.finished_reading(i)]
+            if not live:
+                return P.AssignReply(-1)
             counts = self.feed_rows.setdefault(msg.feed_id, {i: 0 for i in self.feed_ranks})
-            target = min(self.feed_ranks, key=lambda i: (counts[i], i))
+            target = min(live, key=lambda i: (counts[i], i))
             counts[target] += msg.rows
             return P.AssignReply(target)
+
+    def _on_FeedTerminated(self, msg: P.FeedTerminated):
+        with self.cond:
+            self.feed_terminated.add(msg.node_index)
+        logger.info("tfos node %d terminated its feed %r", msg.node_index, msg.qname)
+        return P.Ack()
 
     def _on_Report(self, msg: P.Report):
         with self.cond:

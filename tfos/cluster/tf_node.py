@@ -105,7 +105,10 @@ def run_node(cfg: dict) -> int:
     if cfg["input_mode"] == decisions.InputMode.SPARK:
         from tfos.feed.consumer import FeedHub
 
-        hub = FeedHub(cfg["secret"], cfg.get("feed_queue_chunks", 4)).start()
+        def on_terminate(qname):
+            P.call(driver, cfg["secret"], P.FeedTerminated(cfg["cluster_id"], cfg["node_index"], qname), timeout=10.0)
+
+        hub = FeedHub(cfg["secret"], cfg.get("feed_queue_chunks", 4), on_terminate=on_terminate).start()
         feed_port = hub.port
     info = P.NodeInfo(cfg["node_index"], cfg["job_name"], cfg["task_index"], cfg["host"],
                       held.getsockname()[1], feed_port, os.getpid())

@@ -28,10 +28,14 @@ def _columns(rows, kind: str):
     first = rows[0]
     if kind == "dict":
         names = list(first.keys())
+        if any(len(r) != len(names) for r in rows):
+            raise KeyError("keys differ")
         return names, [[r[k] for r in rows] for k in names]
     if kind == "tuple":
         names = list(getattr(first, "__fields__", None) or [f"_{j}" for j in range(len(first))])
         width = len(first)
+        if any(len(r) != width for r in rows):
+            raise IndexError("widths differ")
         return names, [[r[j] for r in rows] for j in range(width)]
     return ["_0"], [rows]
 
@@ -41,7 +45,7 @@ def _to_array(values, name: str):
     first = values[0]
     if isinstance(first, (np.ndarray, list, tuple)) and not isinstance(first, (str, bytes)):
         arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
-        if arr.dtype == object or arr.ndim < 2:
+        if arr.dtype == object or arr.ndim < 2 or arr.dtype.kind not in "biuf":
             raise ValueError("ragged or non-numeric vectors")
         shape = arr.shape[1:]
         flat = np.ascontiguousarray(arr).reshape(-1)
@@ -52,7 +56,7 @@ def _to_array(values, name: str):
     if isinstance(first, str):
         return pa.array(values, type=pa.string()), None
     arr = np.asarray(values)
-    if arr.dtype == object or arr.ndim != 1:
+    if arr.dtype == object or arr.ndim != 1 or arr.dtype.kind not in "biuf":
         raise ValueError("mixed or non-scalar values")
     return pa.array(arr), None
 

@@ -36,8 +36,9 @@ _CLOSE = "close"  # no more feeds: cluster shutting down
 class _Origin:
     """The Spark task connection a batch came from; inference results go back on it."""
 
-    def __init__(self, ch: P.Channel):
+    def __init__(self, ch: P.Channel, train: bool):
         self.ch = ch
+        self.train = train
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.rows_in = 0
@@ -85,8 +86,9 @@ class FeedHub:
     """TCP server in the TF process. Spark tasks connect with the cluster secret and stream
     ``FeedBegin``, Arrow data frames and ``FeedPartitionEnd``; the driver sends ``FeedEnd``."""
 
-    def __init__(self, secret: str, queue_chunks: int = 4, bind_host: str = "0.0.0.0"):
+    def __init__(self, secret: str, queue_chunks: int = 4, bind_host: str = "0.0.0.0", on_terminate=None):
         self.secret = secret
+        self.on_terminate = on_terminate  # called with the queue name when main_fun terminates a feed
         self.queue_chunks = max(1, int(queue_chunks))
         self.queues: dict[str, FeedQueue] = {}
         self._lock = threading.Lock()
@@ -152,7 +154,7 @@ class FeedHub:
 
     def _on_feed(self, ch: P.Channel, begin: P.FeedBegin) -> None:
         q = self.queue(begin.qname)
-        origin = _Origin(ch)
+        origin = _Origin(ch, begin.train)
         rows = 0
         while True:
             kind, value = ch.recv_frame()
@@ -242,7 +244,7 @@ class DataFeed:
                 continue
             take = min(n - got, self._batch.num_rows - self._offset)
             out.append(self._batch.slice(self._offset, take))
-            if not self.train_mode:
+            if not self._origin.train:
                 if self._pending and self._pending[-1][0] is self._origin:
                     self._pending[-1][1] += take
                 else:
@@ -291,8 +293,14 @@ class DataFeed:
                 self._pending[0][1] -= k
 
     def terminate(self) -> None:
-        """Stop reading: remaining fed data is discarded so Spark finishes the feed without error."""
-        self.queue.terminated.set()
+        """Stop reading: Spark skips the rest of the feed (data in flight is discarded), no error."""
+        if not self.queue.terminated.is_set():
+            self.queue.terminated.set()
+            if self.hub.on_terminate is not None:
+                try:
+                    self.hub.on_terminate(self.qname_in)
+                except Exception as e:  # the hub still discards data; Spark just feeds longer
+                    logger.warning("could not tell the driver that the feed was terminated: %s", e)
         self.done = True
         try:
             while True:

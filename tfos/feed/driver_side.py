@@ -68,11 +68,12 @@ def run_job(cluster, description: str, action):
         cluster.raise_if_failed()
     t.join()
     if "error" in box:
-        time.sleep(0)  # a node failure explains a broken feed better than the task's socket error
         with cluster.state.cond:
             cluster.state.cond.wait_for(lambda: bool(cluster.state.failures), timeout=3.0)
         cluster.raise_if_failed()
-        raise _spark_error(box["error"]) from None
+        err = _spark_error(box["error"])
+        cluster._abort(err)  # a broken feed leaves nodes waiting for data: stop them; later calls re-raise
+        raise err from None
     return box["result"]
 
 
@@ -91,9 +92,20 @@ def train(cluster, data, num_epochs: int, feed_timeout: float, qname: str, chunk
     with cluster.state.cond:
         per_node = dict(cluster.state.feed_rows.pop(cfg["feed_id"], {}))
     for node in cfg["feed_nodes"]:
+        with cluster.state.cond:
+            if cluster.state.finished_reading(node):
+                continue
         host, port = cfg["feed_addresses"][str(node)]
-        P.call((host, port), cfg["secret"], P.FeedEnd(cfg["feed_id"], qname, per_node.get(node, 0)),
-               timeout=feed_timeout, what=f"feed of node {node}", setting="feed_timeout")
+        try:
+            P.call((host, port), cfg["secret"], P.FeedEnd(cfg["feed_id"], qname, per_node.get(node, 0)),
+                   timeout=feed_timeout, what=f"feed of node {node}", setting="feed_timeout")
+        except (TFOSError, OSError):
+            with cluster.state.cond:
+                cluster.state.cond.wait_for(lambda: cluster.state.nodes[node].exited is not None, timeout=5)
+                if cluster.state.finished_reading(node):
+                    continue
+            cluster.raise_if_failed()
+            raise
     secs = time.monotonic() - t0
     logger.info("tfos fed %d rows in %.1fs (%.0f rows/s); per node: %s", total, secs, total / max(secs, 1e-9),
                 per_node)

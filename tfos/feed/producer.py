@@ -60,6 +60,12 @@ def _guard_retry(what: str) -> None:
                         "not resending them (rows would be fed twice). See the first failure above.")
 
 
+class _SendFailed(FeedError):
+    def __init__(self, node: int, message: str):
+        super().__init__(message)
+        self.node = node
+
+
 class _Sender:
     def __init__(self, cfg: dict, partition: int, train: bool):
         self.cfg = cfg
@@ -72,10 +78,13 @@ class _Sender:
         ch = self.channels.get(node)
         if ch is None:
             host, port = self.cfg["feed_addresses"][str(node)]
-            ch = P.Channel.connect(host, port, self.cfg["secret"], timeout=min(60.0, self.cfg["feed_timeout"]),
-                                   what=f"feed of node {node}", setting="feed_timeout")
-            ch.settimeout(self.cfg["feed_timeout"])
-            ch.send(P.FeedBegin(self.cfg["feed_id"], self.cfg["qname"], self.partition, self.train))
+            try:
+                ch = P.Channel.connect(host, port, self.cfg["secret"], timeout=min(60.0, self.cfg["feed_timeout"]),
+                                       what=f"feed of node {node}", setting="feed_timeout", retry=False)
+                ch.settimeout(self.cfg["feed_timeout"])
+                ch.send(P.FeedBegin(self.cfg["feed_id"], self.cfg["qname"], self.partition, self.train))
+            except (OSError, ProtocolError) as e:
+                raise _SendFailed(node, f"cannot feed node {node} at {host}:{port}: {e}") from None
             self.channels[node] = ch
             self.rows[node] = 0
         return ch
@@ -89,11 +98,11 @@ class _Sender:
                 f"node {node} accepted no data for {self.cfg['feed_timeout']:.0f}s while feeding partition "
                 f"{self.partition} (raise feed_timeout, or check that main_fun keeps reading its feed)") from None
         except OSError as e:
-            raise FeedError(f"feeding partition {self.partition} to node {node} failed: {e} (the node's TF "
-                            "process may have died; the driver reports its log)") from None
+            raise _SendFailed(node, f"feeding partition {self.partition} to node {node} failed: {e} (the node's "
+                                    "TF process may have died; the driver reports its log)") from None
         self.rows[node] += batch.num_rows
 
-    def finish(self) -> None:
+    def finish(self, finished_reading=lambda node: False) -> None:
         for node, ch in self.channels.items():
             try:
                 ch.send(P.FeedPartitionEnd(self.rows[node]))
@@ -102,7 +111,11 @@ class _Sender:
                 raise FeedTimeoutError(f"node {node} did not confirm partition {self.partition} within "
                                        f"{self.cfg['feed_timeout']:.0f}s (raise feed_timeout)") from None
             except (OSError, ProtocolError) as e:
+                if finished_reading(node):
+                    continue
                 raise FeedError(f"node {node} dropped the feed of partition {self.partition}: {e}") from None
+            if getattr(ack, "terminated", False):
+                continue
             if not isinstance(ack, P.FeedAck) or ack.rows != self.rows[node]:
                 raise FeedError(f"node {node} acknowledged {getattr(ack, 'rows', ack)} of {self.rows[node]} rows "
                                 f"of partition {self.partition}")
@@ -123,13 +136,34 @@ def make_train_feeder(cfg: dict, arrow_input: bool):
         driver = P.Channel.connect(cfg["driver_host"], cfg["driver_port"], cfg["secret"], timeout=60.0,
                                    what="tfos driver")
         total = 0
+        def assign(rows, failed=-1):
+            return driver.request(P.AssignChunk(cfg["cluster_id"], cfg["feed_id"], rows, failed)).node_index
+
+        def finished_reading(node):
+            try:
+                assign(0, node)
+                return True
+            except TFOSError:
+                return False
+
         try:
             driver.settimeout(60.0)
             for batch in chunks:
-                node = driver.request(P.AssignChunk(cfg["cluster_id"], cfg["feed_id"], batch.num_rows)).node_index
-                sender.send(node, batch)
+                node = assign(batch.num_rows)
+                while node >= 0:
+                    try:
+                        sender.send(node, batch)
+                        break
+                    except _SendFailed as e:  # fine if that node ended its feed; else the driver says why
+                        sender.channels.pop(e.node, None)
+                        try:
+                            node = assign(batch.num_rows, e.node)
+                        except TFOSError:
+                            raise e from None
+                if node < 0:
+                    break  # every node terminated its feed: skip the rest of this partition
                 total += batch.num_rows
-            sender.finish()
+            sender.finish(finished_reading)
         finally:
             sender.close()
             driver.close()

@@ -1,0 +1,62 @@
+"""Row <-> Arrow conversion (pure, no Spark)."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tfos.errors import FeedError
+from tfos.feed import arrow_rows as A
+
+
+def test_tuple_rows_with_vectors_become_fixed_size_lists_and_back():
+    rows = [(np.arange(6, dtype=np.float32).reshape(2, 3) + i, i, f"s{i}") for i in range(5)]
+    b = A.rows_to_batch(rows)
+    assert pa.types.is_fixed_size_list(b.column(0).type) and b.column(0).type.list_size == 6
+    x = A.column_to_numpy(b.column(0), b.schema.field(0))
+    assert x.shape == (5, 2, 3) and x.dtype == np.float32
+    np.testing.assert_array_equal(x[3], rows[3][0])
+    back = A.batch_to_rows(A.from_ipc(A.to_ipc(b)))
+    assert [r[1] for r in back] == list(range(5)) and back[2][2] == "s2"
+
+
+def test_dict_and_scalar_rows_keep_their_shape():
+    d = A.batch_to_rows(A.rows_to_batch([{"a": 1, "b": [1.0, 2.0]}, {"a": 2, "b": [3.0, 4.0]}]))
+    assert d[1]["a"] == 2 and list(d[1]["b"]) == [3.0, 4.0]
+    assert A.batch_to_rows(A.rows_to_batch([1.5, 2.5])) == [1.5, 2.5]
+
+
+def test_input_mapping():
+    b = A.rows_to_batch([{"img": [1, 2], "label": 0}, {"img": [3, 4], "label": 1}])
+    m = A.batch_to_rows(b, {"img": "x", "label": "y"})
+    assert list(m["y"]) == [0, 1] and list(m["x"][1]) == [3, 4]
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([(np.zeros(3), 1), (np.zeros(4), 2), (np.zeros(3), 3)], r"partition 7, row 11, column '_0' \(position 0\): expected shape \(3,\), got \(4,\)"),
+    ([(np.zeros(3), 1), (np.zeros(3), "x")], r"partition 7, row 11, column '_1' \(position 1\): expected int, got str"),
+    ([(1, 2), (1, 2, 3)], r"partition 7, row 11: expected 2 fields, got 3"),
+    ([{"a": 1}, {"b": 1}], r"partition 7, row 11: expected keys \['a'\], got \['b'\]"),
+    ([(1, 2), 5], r"partition 7, row 11: expected a tuple row"),
+])
+def test_bad_rows_name_partition_row_and_column(rows, match):
+    with pytest.raises(FeedError, match=match):
+        A.rows_to_batch(rows, partition=7, first_row=10)
+
+
+def test_variable_lists_from_dataframes_must_be_uniform_to_batch():
+    col = pa.array([[1.0, 2.0], [3.0, 4.0]])
+    np.testing.assert_array_equal(A.column_to_numpy(col, pa.field("f", col.type)), [[1, 2], [3, 4]])
+    ragged = pa.array([[1.0], [3.0, 4.0]])
+    with pytest.raises(FeedError, match="different lengths"):
+        A.column_to_numpy(ragged, pa.field("f", ragged.type))
+
+
+@pytest.mark.parametrize("results,expected", [
+    ([1, 2, 3], [1, 2, 3]),
+    (np.array([0.5, 1.5]), [0.5, 1.5]),
+    (np.array([[1, 2], [3, 4]], np.float32), [[1.0, 2.0], [3.0, 4.0]]),
+    ([np.int64(4), np.float32(2.5)], [4, 2.5]),
+    ([{"p": 1}, {"p": 2}], [{"p": 1}, {"p": 2}]),
+])
+def test_results_to_batch(results, expected):
+    assert A.results_to_batch(results).column(0).to_pylist() == expected

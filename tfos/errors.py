@@ -11,6 +11,11 @@ class ConfigError(TFOSError, ValueError):
     """Bad arguments or settings, detected before any Spark job starts."""
 
 
+class HadoopConfigError(ConfigError):
+    """An hdfs:// or viewfs:// URI was used but this process has no working Hadoop client
+    (JVM, libhdfs, Hadoop jars on CLASSPATH). The message lists what to set up."""
+
+
 class ProtocolError(TFOSError):
     """A malformed, unknown or oversized message on a tfos channel."""
 

@@ -149,6 +149,7 @@ def main(argv=None) -> float:
     with open(os.path.join(args.output_dir, "result.json")) as f:
         result = json.load(f)
     print(f"digits: {args.num_executors} nodes, {args.epochs} epochs, test accuracy {result['accuracy']:.4f}")
+    spark.stop()
     return result["accuracy"]
 
 

@@ -1,0 +1,124 @@
+"""Digits on tfos, InputMode.SPARK: Spark streams the training data (a DataFrame or an RDD)
+into 2 worker nodes training with MultiWorkerMirroredStrategy, then the same nodes answer
+cluster.inference() over an RDD of test rows, and the predictions are written out.
+
+    python examples/digits/digits_spark.py --source dataframe     # or --source rdd
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+
+def main_fun(args, ctx):
+    """Runs in each node's TF process: train from the fed data, then serve inference."""
+    import keras
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    global_batch = args.batch_size * ctx.num_workers
+    feed = ctx.get_data_feed(train_mode=True)
+    spec = (tf.TensorSpec((None, 64), tf.float32), tf.TensorSpec((None,), tf.int64))
+    # Each node's feed is its own shard: AutoShardPolicy.OFF is set by feed.dataset().
+    dist_ds = strategy.distribute_datasets_from_function(lambda _: feed.dataset(args.batch_size, spec))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(10)])
+        optimizer = keras.optimizers.Adam(args.learning_rate)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(y, model(x, training=True), from_logits=True)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(batch):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=batch), axis=None)
+
+    steps = 0
+    for batch in dist_ds:  # iterate to exhaustion: uneven feeds end together, no hang
+        loss = train_step(batch)
+        steps += 1
+        if steps % 50 == 0:
+            ctx.report(step=steps, loss=float(loss))
+    print(f"node {ctx.node_index}: trained {steps} steps on {feed.rows_read} fed rows", flush=True)
+
+    # Inference: answer every fed row with the predicted class, until the cluster shuts down.
+    infer = ctx.get_data_feed(train_mode=False)
+    for x, _label in infer.batches(256):
+        infer.batch_results(np.argmax(model(x, training=False).numpy(), axis=1))
+
+
+def load(seed: int = 0):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32)
+    y = d.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(y))
+    x, y = x[order], y[order]
+    n_test = len(y) // 4
+    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", choices=("dataframe", "rdd"), default="dataframe")
+    p.add_argument("--num-executors", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--learning-rate", type=float, default=0.01)
+    p.add_argument("--output-dir", default=None, help="where predictions are written")
+    return p.parse_args(argv)
+
+
+def main(argv=None, spark=None) -> float:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    from tfos import InputMode, TFCluster
+
+    own_session = spark is None
+    if own_session:
+        from tfos.testing import local_cluster_session
+
+        spark = local_cluster_session(args.num_executors, app_name="tfos-digits-spark")
+    sc = spark.sparkContext
+    (xtr, ytr), (xte, yte) = load()
+    if args.source == "dataframe":
+        train = spark.createDataFrame([(r.tolist(), int(l)) for r, l in zip(xtr, ytr)],
+                                      "features array<float>, label long").repartition(6)
+    else:
+        train = sc.parallelize(list(zip(xtr, ytr.tolist())), 6)
+    cluster = TFCluster.run(sc, main_fun, args, args.num_executors, 0, input_mode=InputMode.SPARK,
+                            master_node="chief")
+    try:
+        cluster.train(train, num_epochs=args.epochs)
+        test = sc.parallelize(list(zip(xte, yte.tolist())), 4)
+        preds = cluster.inference(test)
+        out = args.output_dir or tempfile.mkdtemp(prefix="tfos-digits-preds-")
+        path = os.path.join(out, "predictions")
+        test.map(lambda r: r[1]).zip(preds).map(lambda lp: json.dumps({"label": lp[0], "prediction": int(lp[1])})) \
+            .saveAsTextFile(path)
+        pairs = [json.loads(s) for s in sc.textFile(path).collect()]
+    finally:
+        cluster.shutdown(timeout=600)
+    acc = float(np.mean([p["label"] == p["prediction"] for p in pairs]))
+    print(f"digits ({args.source} feed): {len(pairs)} predictions written to {path}; test accuracy {acc:.4f}")
+    if own_session:
+        spark.stop()
+    return acc
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test suite: unit tests plus integration tests on a real Spark local-cluster.
-# Extra arguments go to pytest (e.g. -m "not slow").
+# The test suite: unit tests plus integration tests on a real Spark local-cluster[2,1,1024]
+# (TF 2.21), then the Horovod tests in their own TF 2.15 environment (scripts/horovod_env.sh).
+# Extra arguments go to the main pytest run and skip the Horovod part (e.g. -m "not slow").
 set -euo pipefail
 TFOS_EXTRAS="tf,spark,test"
 source "$(dirname "$0")/_venv.sh"
@@ -13,4 +14,17 @@ if [ "$code" -eq 5 ]; then
   echo "pytest collected no tests: failing on purpose" >&2
   exit 1
 fi
-exit "$code"
+[ "$code" -eq 0 ] || exit "$code"
+if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HOROVOD:-0}" != "1" ]; then
+  echo "== Horovod tests (TF 2.15 + Horovod 0.28.1 environment)"
+  HVD_VENV="$(bash scripts/horovod_env.sh | tail -1)"
+  set +e
+  "$HVD_VENV/bin/python" -m pytest -m horovod tests/test_horovod.py
+  code=$?
+  set -e
+  if [ "$code" -eq 5 ]; then
+    echo "no Horovod test ran: failing on purpose" >&2
+    exit 1
+  fi
+  exit "$code"
+fi

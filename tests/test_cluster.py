@@ -35,7 +35,8 @@ def test_two_nodes_get_distinct_roles_consistent_tf_config_and_identical_weights
     info = digits_tf.prepare_shards(str(data))
     args = SimpleNamespace(data_dir=str(data), output_dir=str(out), epochs=8, batch_size=32,
                            learning_rate=0.01, train_rows=info["train_rows"])
-    cluster = TFCluster.reserve(sc, 2, 0)
+    cluster = TFCluster.reserve(sc, 2, 0, backend="mwms",
+                                backend_options={"communication": "ring", "bytes_per_pack": 16 << 10})
     cluster.start(record_and_train, args, input_mode=InputMode.TENSORFLOW)
     registered = cluster.nodes
     cluster.shutdown(timeout=300)
@@ -57,7 +58,12 @@ def test_two_nodes_get_distinct_roles_consistent_tf_config_and_identical_weights
     assert w0.files == w1.files and len(w0.files) == 4
     for k in w0.files:
         np.testing.assert_array_equal(w0[k], w1[k])
-    assert json.loads((out / "result.json").read_text())["accuracy"] >= 0.9
+    acc = json.loads((out / "result.json").read_text())["accuracy"]
+    assert acc >= 0.9
+    # training fidelity: within 2 points of one process with the same global batch and steps
+    single = digits_tf.train_single_process(str(data), args.epochs, 2 * args.batch_size, args.learning_rate,
+                                            args.train_rows)
+    assert abs(acc - single) <= 0.02, (acc, single)
 
 
 def fail_on_node_1(args, ctx):

@@ -49,7 +49,9 @@ def _primitives(opts) -> int:
 
     w = keras.Variable(np.zeros((3,), "float32"), name="w")
     u = keras.Variable(np.zeros((2,), "float32"), name="u")
-    opt = keras_dist.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=opts.compression or None)
+    # bytes_per_pack=8: w (12 bytes) and u (8 bytes) go in separate all-reduces
+    opt = keras_dist.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=opts.compression or None,
+                                          bytes_per_pack=8)
 
     @tf.function
     def step(scale):
@@ -90,6 +92,8 @@ def _worker(opts) -> int:
     per_rank = len(x_train) // size  # equal shards: every rank runs the same number of steps
     shard = slice(rank * per_rank, (rank + 1) * per_rank)
     x_shard, y_shard = x_train[shard], y_train[shard]
+    if opts.uneven and rank == 1:
+        x_shard, y_shard = x_shard[:-64], y_shard[:-64]
 
     keras.utils.set_random_seed(1234 + 17 * rank)  # different init per rank: broadcast must fix it
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
@@ -127,6 +131,7 @@ def _worker_main(argv) -> None:
     p.add_argument("--steps-per-execution", type=int, default=1)
     p.add_argument("--no-broadcast", action="store_true")
     p.add_argument("--no-dist-opt", action="store_true")
+    p.add_argument("--uneven", action="store_true")
     p.add_argument("--compression", default="")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -149,6 +154,14 @@ def _worker_main(argv) -> None:
 
 
 # ------------------------------------------------------------------------------------ driver
+
+
+class WorkersFailed(AssertionError):
+    """A worker exited non-zero; ``codes`` and full ``logs`` (one per rank) are attached."""
+
+    def __init__(self, codes, logs):
+        super().__init__(f"worker exit codes {codes}:\n" + "\n".join(t[-4000:] for t in logs))
+        self.codes, self.logs = codes, logs
 
 
 def _free_ports(n):
@@ -177,10 +190,11 @@ def _kill_group(proc, grace=5.0):
             continue
 
 
-def run_workers(n=2, timeout=RUN_TIMEOUT, extra_args=(), attempts=2):
-    """Launch n local workers; return (results by rank, wall seconds). Kills everything on exit."""
+def run_workers(n=2, timeout=RUN_TIMEOUT, extra_args=(), attempts=2, chief=False, workdir=None):
+    """Launch n local TF tasks (``chief``: the first is a chief, the others workers); return
+    (results by rank, wall seconds, tmp dir). Kills everything on exit."""
     for attempt in range(attempts):
-        tmp = tempfile.mkdtemp(prefix="tfos-kd-")
+        tmp = str(workdir) if workdir is not None else tempfile.mkdtemp(prefix="tfos-kd-")
         socks = _free_ports(n)
         hosts = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
         procs, logs = [], []
@@ -190,7 +204,12 @@ def run_workers(n=2, timeout=RUN_TIMEOUT, extra_args=(), attempts=2):
                 s.close()
             for i in range(n):
                 env = dict(os.environ)
-                env["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}})
+                if chief:
+                    cluster = {"chief": hosts[:1], "worker": hosts[1:]}
+                    task = {"type": "chief", "index": 0} if i == 0 else {"type": "worker", "index": i - 1}
+                else:
+                    cluster, task = {"worker": hosts}, {"type": "worker", "index": i}
+                env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
                 env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
                 env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
                 env.setdefault("OMP_NUM_THREADS", "1")
@@ -214,7 +233,7 @@ def run_workers(n=2, timeout=RUN_TIMEOUT, extra_args=(), attempts=2):
                 if attempt + 1 < attempts and any("ddress already in use" in t or "Failed to add port" in t
                                                   for t in texts):
                     continue  # lost the port race: retry once with new ports
-                raise AssertionError(f"worker exit codes {codes}:\n" + "\n".join(t[-4000:] for t in texts))
+                raise WorkersFailed(codes, texts)
             results = [json.load(open(os.path.join(tmp, f"r{i}.json"))) for i in range(n)]
             return results, wall, tmp
         except subprocess.TimeoutExpired:
@@ -252,10 +271,11 @@ def _check(results, tmp, min_acc=0.90, bitwise=True):
 
 
 @pytest.mark.slow
-def test_primitives_two_workers():
+def test_primitives_two_workers(tmp_path):
     """Exact values: mean/sum all-reduce, broadcast from rank 1 (3 dtypes), optimizer averaging in a
-    traced tf.function called twice and eagerly."""
-    results, wall, tmp = run_workers(extra_args=["--mode", "primitives"], timeout=120)
+    traced tf.function called twice and eagerly. Cluster = 1 chief (rank 0) + 1 worker (rank 1)."""
+    results, wall, tmp = run_workers(extra_args=["--mode", "primitives"], timeout=120, chief=True, workdir=tmp_path)
+    assert [r["rank"] for r in results] == [0, 1]
     for r in results:
         assert r["mean"] == 1.5 and r["sum"] == [3, 20]
         assert r["bcast"] == [[[2.0] * 3] * 2, [6, 8], [3.0] * 4]
@@ -265,25 +285,38 @@ def test_primitives_two_workers():
 
 
 @pytest.mark.slow
-def test_fit_two_workers_identical_weights():
-    results, wall, tmp = run_workers(extra_args=["--epochs", "4"])
+def test_fit_two_workers_identical_weights(tmp_path):
+    results, wall, tmp = run_workers(extra_args=["--epochs", "5"], workdir=tmp_path)
     print(f"fp32: wall {wall:.1f}s, results {results}")
     _check(results, tmp)
 
 
 @pytest.mark.slow
-def test_fit_two_workers_fp16_compression():
-    results, wall, tmp = run_workers(extra_args=["--epochs", "4", "--compression", "fp16"])
+def test_fit_two_workers_fp16_compression(tmp_path):
+    results, wall, tmp = run_workers(extra_args=["--epochs", "5", "--compression", "fp16"], workdir=tmp_path)
     print(f"fp16: wall {wall:.1f}s, results {results}")
     _check(results, tmp)
 
 
 @pytest.mark.slow
-def test_fit_two_workers_context_method():
-    """init_collectives(method='context'): no MultiWorkerMirroredStrategy object at all."""
-    results, wall, tmp = run_workers(extra_args=["--epochs", "3", "--method", "context"])
+def test_fit_two_workers_context_method_steps_per_execution(tmp_path):
+    """init_collectives(method='context') (no MultiWorkerMirroredStrategy object at all), and
+    steps_per_execution=4: the collectives run inside Keras' tf.while_loop/tf.cond."""
+    results, wall, tmp = run_workers(
+        extra_args=["--epochs", "5", "--method", "context", "--steps-per-execution", "4"], workdir=tmp_path)
     print(f"context: wall {wall:.1f}s, results {results}")
     _check(results, tmp)
+
+
+@pytest.mark.slow
+def test_uneven_shards_fail_fast_on_all_ranks(tmp_path):
+    """Shards giving different steps per epoch: BroadcastInitialWeights raises on every rank
+    instead of pairing unrelated collectives (which ends in a hang or a collective timeout)."""
+    with pytest.raises(WorkersFailed) as err:
+        run_workers(extra_args=["--epochs", "1", "--uneven"], timeout=120, workdir=tmp_path)
+    assert err.value.codes == [1, 1]
+    for log in err.value.logs:
+        assert "ValueError: workers plan different training lengths" in log, log[-3000:]
 
 
 if __name__ == "__main__":

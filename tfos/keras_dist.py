@@ -332,20 +332,17 @@ def _all_reduce_list(tensors, average=True, compression=None, bytes_per_pack=0, 
         dense.append(tf.convert_to_tensor(t))
     for pack in _pack(dense, bytes_per_pack):
         parts = [dense[j] for j in pack]
+        shapes = [p.shape if p.shape.is_fully_defined() else tf.shape(p) for p in parts]
         if len(parts) == 1:
-            reduced = [tf.reshape(_all_reduce_flat(tf.reshape(parts[0], [-1]), average, device, compression),
-                                  tf.shape(parts[0]))]
+            reduced = [_all_reduce_flat(tf.reshape(parts[0], [-1]), average, device, compression)]
         else:
             sizes = [p.shape.num_elements() for p in parts]
-            if any(s is None for s in sizes):
+            if any(n is None for n in sizes):
                 sizes = tf.stack([tf.size(p) for p in parts])
             flat = tf.concat([tf.reshape(p, [-1]) for p in parts], axis=0)
-            red = _all_reduce_flat(flat, average, device, compression)
-            reduced = [tf.reshape(r, tf.shape(p)) for r, p in zip(tf.split(red, sizes), parts)]
-        for j, r in zip(pack, reduced):
-            if parts[0].shape.is_fully_defined():
-                r = tf.ensure_shape(r, dense[j].shape)
-            out[present[j]] = r
+            reduced = tf.split(_all_reduce_flat(flat, average, device, compression), sizes)
+        for j, r, shape in zip(pack, reduced, shapes):
+            out[present[j]] = tf.reshape(r, shape)
     return out
 
 
@@ -400,8 +397,15 @@ def broadcast_variables(variables, root_rank: int = 0, device=None) -> None:
 
 
 def broadcast_model(model, root_rank: int = 0, include_optimizer: bool = True) -> None:
-    """Broadcast a built model's variables (and its built optimizer's) from ``root_rank``."""
-    variables = list(model.variables)
+    """Broadcast a built model's weights (and its built optimizer's variables) from ``root_rank``.
+
+    ``model.weights`` covers trainable and non-trainable weights (e.g. BatchNormalization moving
+    statistics) but not the random-seed states of Dropout & co., so each rank keeps its own
+    randomness. Non-trainable weights that the forward pass updates (BatchNormalization moving
+    statistics) drift apart across ranks during training, as in Horovod; call this again after
+    ``fit`` if every rank must hold rank 0's values.
+    """
+    variables = list(model.weights)
     opt = getattr(model, "optimizer", None)
     if include_optimizer and opt is not None and getattr(opt, "built", False):
         variables += list(opt.variables)
@@ -469,6 +473,23 @@ def DistributedOptimizer(optimizer, num_workers: int | None = None, compression:
     return optimizer
 
 
+def _check_same_plan(params) -> None:
+    """Raise ValueError on every worker if the workers' (epochs, steps per epoch) differ."""
+    import numpy as np
+
+    if _state.size == 1:
+        return
+    params = params or {}
+    plan = np.array([-1 if params.get(k) is None else int(params[k]) for k in ("epochs", "steps")], "int64")
+    sums = allreduce(np.concatenate([plan, plan * plan]), average=False).numpy()
+    n = _state.size
+    if np.any(n * sums[2:] != sums[:2] * sums[:2]):  # equality iff every worker has the same value
+        raise ValueError(
+            f"workers plan different training lengths (this worker: epochs={plan[0]}, steps per epoch="
+            f"{plan[1]}; mean over workers: epochs={sums[0] / n:g}, steps={sums[1] / n:g}). Every worker "
+            "must run the same number of steps: give all ranks equal-sized shards or pass steps_per_epoch.")
+
+
 def _make_callbacks():
     """Define the Keras callback classes on first use (keeps Keras out of this module's import)."""
     import keras
@@ -478,6 +499,11 @@ def _make_callbacks():
         """Keras callback: at the start of the first ``fit``, copy the model's (and its built
         optimizer's) variables from ``root_rank`` to all workers, so all replicas start identical
         even if they were initialised with different seeds or only the root restored a checkpoint.
+
+        At the start of every ``fit`` it also checks that all workers plan the same number of
+        epochs and steps per epoch (Keras' ``params``), and raises the same ``ValueError`` on
+        every worker otherwise: unequal step counts would pair unrelated collectives and end in
+        a hang or a crash.
         """
 
         def __init__(self, root_rank: int = 0):
@@ -486,6 +512,7 @@ def _make_callbacks():
             self.broadcast_done = False
 
         def on_train_begin(self, logs=None):
+            _check_same_plan(self.params)
             if not self.broadcast_done:
                 broadcast_model(self.model, self.root_rank)
                 self.broadcast_done = True

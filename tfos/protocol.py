@@ -137,6 +137,7 @@ class NodeExited:
     log_tail: str
     log_path: str
     stopped_by_driver: bool = False
+    reason: str = ""  # why the agent stopped the TF process on its own (JVM gone, driver lost, signal)
 
 
 # feeding Spark task -> driver
@@ -181,6 +182,7 @@ class ErrorReply:
 @message
 class ClusterSpecReply:
     nodes: list  # list of NodeInfo dicts, ordered by node_index
+    backend: dict = field(default_factory=dict)  # the backend's driver_setup() result
 
 
 @message
@@ -336,6 +338,8 @@ class Channel:
                 raise ProtocolError(f"JSON frame of {size} bytes from {self.peer} exceeds the limit")
             return kind, decode(self._recv_exact(size))
         if kind == KIND_ARROW:
+            if size > MAX_DATA_FRAME:
+                raise ProtocolError(f"data frame of {size} bytes from {self.peer} exceeds the limit")
             return kind, self._recv_exact(size)
         raise ProtocolError(f"unknown frame kind {kind!r} from {self.peer}")
 

@@ -55,7 +55,7 @@ def main_fun(args, ctx):
     """Runs on every node, in its TF process. TF_CONFIG is already set by tfos."""
     import tensorflow as tf
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = ctx.strategy()  # MultiWorkerMirroredStrategy with the cluster's CommunicationOptions
     data_dir = ctx.absolute_path(args.data_dir).replace("file://", "")
     files = sorted(glob.glob(os.path.join(data_dir, "train-*.csv")))
     mine = files[ctx.rank::ctx.num_workers]  # disjoint shards per global rank
@@ -106,6 +106,31 @@ def main_fun(args, ctx):
         with open(os.path.join(out_dir, "result.json"), "w") as f:
             json.dump({"accuracy": acc, "test_rows": int(len(yt)), "epochs": args.epochs}, f)
         print(f"chief: test accuracy {acc:.4f}", flush=True)
+
+
+def train_single_process(data_dir: str, epochs: int, global_batch: int, learning_rate: float,
+                         train_rows: int) -> float:
+    """Baseline: the same model, optimizer, global batch and steps in one process, no strategy."""
+    import keras
+    import tensorflow as tf
+
+    x, y = load_csv(sorted(glob.glob(os.path.join(data_dir, "train-*.csv"))))
+    ds = iter(tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=0).repeat().batch(global_batch))
+    model = build_model()
+    optimizer = keras.optimizers.Adam(learning_rate)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(yb, model(xb, training=True),
+                                                                               from_logits=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    for _ in range(epochs * (train_rows // global_batch)):
+        step(*next(ds))
+    xt, yt = load_csv([os.path.join(data_dir, "test.csv")])
+    return float(np.mean(np.argmax(model(xt, training=False).numpy(), axis=1) == yt))
 
 
 def parse_args(argv=None):

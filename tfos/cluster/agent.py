@@ -99,44 +99,45 @@ class NodeAgent:
         _say(f"STARTED tf_pid={self.proc.pid} gpus={','.join(gpus) or 'none'}")
         logger.info("TF process %d started for node %d (%s:%d), gpus=%s", self.proc.pid, cfg["node_index"],
                     cfg["job_name"], cfg["task_index"], gpus or "none")
-        stopped_by_driver = False
+        why = "error in the node agent"
         try:
-            stopped_by_driver = self.supervise()
+            why = self.supervise()
         finally:
             code = host.terminate(self.proc, cfg["stop_grace_secs"], "TF process")
         code = -9 if code is None else code
-        logger.info("TF process of node %d exited with code %s", cfg["node_index"], code)
-        self.report_exit(code, stopped_by_driver)
+        logger.info("TF process of node %d exited with code %s (%s)", cfg["node_index"], code, why or "finished")
+        self.report_exit(code, why == "driver", "" if why in ("", "driver") else why)
         return 0
 
-    def supervise(self) -> bool:
-        """Watch the TF process until it exits or must be stopped. True if the driver stopped it."""
+    def supervise(self) -> str:
+        """Watch the TF process until it exits ("") or must be stopped: "driver" when the driver asked,
+        else a description of why the agent stopped it."""
         cfg = self.cfg
         last_contact = time.monotonic()
         interval = cfg["heartbeat_interval"]
         while True:
             if self.proc.poll() is not None:
-                return False
+                return ""
             if self.stop_event.is_set():
                 logger.warning("node agent received a termination signal; stopping the TF process")
-                return True
+                return "the node agent received a termination signal"
             if cfg.get("jvm_pid") and not host._alive(cfg["jvm_pid"]):
                 logger.error("executor JVM %d is gone; stopping the TF process", cfg["jvm_pid"])
-                return False
+                return f"the executor JVM (pid {cfg['jvm_pid']}) is gone"
             try:
                 reply = self._call(P.Heartbeat(cfg["cluster_id"], cfg["node_index"]), timeout=5.0)
                 last_contact = time.monotonic()
                 if reply.stop:
                     logger.info("driver asked node %d to stop", cfg["node_index"])
-                    return True
+                    return "driver"
             except (TFOSError, OSError) as e:
                 if time.monotonic() - last_contact > cfg["heartbeat_timeout"]:
                     logger.error("lost the driver for %.0fs (%s); stopping the TF process",
                                  cfg["heartbeat_timeout"], e)
-                    return False
+                    return f"no contact with the driver for {cfg['heartbeat_timeout']:.0f}s"
             self.stop_event.wait(interval)
 
-    def report_exit(self, code: int, stopped_by_driver: bool) -> None:
+    def report_exit(self, code: int, stopped_by_driver: bool, reason: str = "") -> None:
         cfg = self.cfg
         try:
             with open(self.error_path) as f:
@@ -144,7 +145,7 @@ class NodeAgent:
         except OSError:
             tb = ""
         msg = P.NodeExited(cfg["cluster_id"], cfg["node_index"], code, tb, host.tail(self.log_path, 40),
-                           self.log_path, stopped_by_driver)
+                           self.log_path, stopped_by_driver, reason)
         for attempt in range(3):
             try:
                 self._call(msg, timeout=10.0)

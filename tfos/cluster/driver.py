@@ -81,7 +81,8 @@ class TFCluster:
         self._monitor: threading.Thread | None = None
         self._closing = threading.Event()
         self._job_group = f"tfos-{cluster_id}"
-        self._feed_seq = 0
+        self.backend = None  # set by reserve()
+        self._default_input_mode = InputMode.TENSORFLOW
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -89,12 +90,18 @@ class TFCluster:
                 eval_node: bool = False, reservation_timeout: float = 600, num_gpus: int = 0,
                 env: dict | None = None, log_dir: str | None = None, release_port: bool = True,
                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 30.0,
-                stop_grace_secs: float = 5.0, input_mode=None, tensorboard: bool = False) -> "TFCluster":
+                stop_grace_secs: float = 5.0, input_mode=None, tensorboard: bool = False,
+                backend=None, transport: str = "grpc", backend_options: dict | None = None) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
         an evaluator if ``eval_node``, then workers. Fails with ReservationTimeoutError when
         Spark cannot offer enough slots within ``reservation_timeout`` seconds.
+
+        ``backend``: 'mwms' (ring all-reduce; default without ps), 'ps' (parameter servers; default
+        with num_ps > 0), 'horovod', or a tfos.backends.Backend; ``backend_options`` go to it
+        (e.g. {'communication': 'ring', 'bytes_per_pack': 4 << 20} for mwms). ``transport='rdma'``
+        selects NCCL over InfiniBand/RoCE and fails here on hosts without an RDMA device.
         """
         decisions.validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
                                    InputMode.TENSORFLOW if input_mode is None else input_mode)
@@ -106,6 +113,11 @@ class TFCluster:
         if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
             logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
                            "nodes; disable dynamic allocation for tfos jobs")
+        from tfos.backends import make_backend
+
+        backend_obj = make_backend(backend, num_ps, transport, **(backend_options or {}))
+        backend_obj.validate(num_executors, num_ps, master_node)
+        default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         roles = decisions.assign_roles(num_executors, num_ps, master_node, eval_node)
         slots = wait_for_slots(sc, num_executors, reservation_timeout)
         logger.info("tfos: %d task slots available for %d nodes", slots, num_executors)
@@ -118,7 +130,10 @@ class TFCluster:
                         log_dir=log_dir, release_port=release_port, heartbeat_interval=heartbeat_interval,
                         heartbeat_timeout=heartbeat_timeout, stop_grace_secs=stop_grace_secs,
                         default_fs=default_fs)
-        return cls(sc, roles, uuid.uuid4().hex[:12], P.new_secret(), settings)
+        cluster = cls(sc, roles, uuid.uuid4().hex[:12], P.new_secret(), settings)
+        cluster.backend = backend_obj
+        cluster._default_input_mode = default_mode
+        return cluster
 
     @classmethod
     def run(cls, sc, map_fun, tf_args, num_executors, num_ps, tensorboard=False,
@@ -141,9 +156,12 @@ class TFCluster:
         return cluster
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, main_fun, tf_args=None, input_mode=InputMode.TENSORFLOW) -> "TFCluster":
+    def start(self, main_fun, tf_args=None, input_mode=None) -> "TFCluster":
         """Start one TF process per node running ``main_fun(tf_args, ctx)``; returns when every node
-        has registered (the cluster spec is complete)."""
+        has registered (the cluster spec is complete). ``input_mode`` defaults to the one given to
+        reserve(), else InputMode.TENSORFLOW."""
+        if input_mode is None:
+            input_mode = self._default_input_mode
         self._check(_Phase.RESERVED, "start")
         if not callable(main_fun):
             raise ConfigError(f"main_fun must be callable, got {main_fun!r}")
@@ -153,9 +171,16 @@ class TFCluster:
             raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
         s = self.settings
         cfg = dict(cluster_id=self.cluster_id, secret=self._secret, driver_host=self.driver_host,
-                   driver_port=self.server.port, roles=self.roles, input_mode=int(self.input_mode), **s)
+                   driver_port=self.server.port, roles=self.roles, input_mode=int(self.input_mode),
+                   backend=self.backend.options(), **s)
+
+        def backend_setup(nodes):
+            config = self.backend.driver_setup(nodes)
+            return dict(config, driver_host=self.driver_host, log_dir=s["log_dir"])
+
         with self.state.cond:
-            self.state.feed_ranks = [i for i, (job, _) in enumerate(self.roles) if job in decisions.TRAINING_JOBS]
+            self.state.feed_ranks = [i for i, (job, _) in enumerate(self.roles) if job in self.backend.feed_jobs]
+            self.state.on_complete = backend_setup
         bootstrap = make_bootstrap(cfg, main_fun, tf_args)
         n = len(self.roles)
 
@@ -267,6 +292,8 @@ class TFCluster:
             return
         if self._phase == _Phase.FAILED:
             raise self._error
+        if timeout is None or timeout < 0:  # TensorFlowOnSpark: timeout=-1 waits forever
+            timeout = float("inf")
         if self._phase == _Phase.RESERVED:
             self._release()
             self._phase = _Phase.SHUT_DOWN
@@ -275,7 +302,7 @@ class TFCluster:
             from tfos.feed.driver_side import close_feeds
 
             close_feeds(self)
-        trainers = [i for i, (job, _) in enumerate(self.roles) if job in decisions.TRAINING_JOBS]
+        trainers = [i for i, (job, _) in enumerate(self.roles) if job in self.backend.finishing_jobs]
         others = [i for i in range(len(self.roles)) if i not in trainers]
         deadline = time.monotonic() + timeout
         with self.state.cond:
@@ -283,7 +310,7 @@ class TFCluster:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self.state.cond.wait(min(remaining, 1.0))
+                self.state.cond.wait(min(remaining, 1.0))  # inf timeout: wakes every second
             timed_out = bool(self.state.unfinished(trainers)) and not self.state.failures
         if timed_out:
             err = TFOSTimeoutError(f"training nodes {self.state.unfinished(trainers)} still running after "
@@ -310,7 +337,7 @@ class TFCluster:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             self.shutdown()
-        else:
+        elif self._phase not in (_Phase.FAILED, _Phase.SHUT_DOWN):
             self._abort(TFOSError(f"aborted by {exc_type.__name__}"))
 
     # ------------------------------------------------------------------ internals
@@ -369,6 +396,8 @@ class TFCluster:
                 self._job_thread.join(timeout=30)
         if self._monitor is not None:
             self._monitor.join(timeout=5)
+        if self.backend is not None:
+            self.backend.driver_teardown()
         self.server.stop()
 
 

@@ -59,6 +59,8 @@ class ClusterState:
         self.feed_ranks: list[int] = []  # node indexes that take fed data
         self.feed_terminated: set[int] = set()
         self.abort_reason: str | None = None
+        self.on_complete = None  # called once (under the lock) when every node registered -> backend config
+        self.backend_config: dict | None = None
 
     # -- queries
     def host_of(self, i: int) -> str:
@@ -129,7 +131,16 @@ class ClusterState:
                     return P.ErrorReply(f"nodes {missing} did not register within {msg.timeout:.0f}s "
                                         "(raise reservation_timeout)")
                 self.cond.wait(min(remaining, 1.0))
-            return P.ClusterSpecReply([self.nodes[i].info for i in sorted(self.nodes)])
+            nodes = [self.nodes[i].info for i in sorted(self.nodes)]
+            if self.backend_config is None:
+                try:
+                    self.backend_config = self.on_complete(nodes) if self.on_complete else {}
+                except Exception as e:
+                    logger.exception("backend setup failed")
+                    self.abort_reason = f"backend setup on the driver failed: {e}"
+                    self.cond.notify_all()
+                    return P.ErrorReply(self.abort_reason)
+            return P.ClusterSpecReply(nodes, self.backend_config)
 
     def _on_AgentStarted(self, msg: P.AgentStarted):
         with self.cond:
@@ -150,10 +161,12 @@ class ClusterState:
             n = self._node(msg.node_index)
             if n.exited is None:
                 n.exited = msg
-                if msg.exit_code != 0 and not (msg.stopped_by_driver or n.stop):
-                    reason = ("main_fun raised an exception" if msg.traceback else
+                if (msg.exit_code != 0 or msg.reason) and not (msg.stopped_by_driver or n.stop):
+                    reason = ("the TF process raised an exception" if msg.traceback else
                               f"TF process exited with code {msg.exit_code}" +
                               (f" (killed by signal {-msg.exit_code})" if msg.exit_code < 0 else ""))
+                    if msg.reason:
+                        reason += f"; the node agent stopped it: {msg.reason}"
                     self.fail(NodeFailure(msg.node_index, n.job_name, n.task_index, self.host_of(msg.node_index),
                                           reason, msg.exit_code, msg.traceback, msg.log_tail, msg.log_path))
                 self.cond.notify_all()

@@ -83,6 +83,7 @@ def wait_started(proc: subprocess.Popen, timeout: float, ndir: str) -> str:
     while b"\n" not in buf:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            host.terminate(proc, 1.0, "node agent")
             raise TFOSError(f"node agent did not start within {timeout:.0f}s (raise reservation_timeout); "
                             f"see {ndir}/agent.log")
         ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 1.0))

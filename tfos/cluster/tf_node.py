@@ -34,8 +34,10 @@ class NodeContext:
     ``working_dir``, ``log_dir``, ``mgr`` (the feed hub in InputMode.SPARK).
     """
 
-    def __init__(self, cfg: dict, nodes: list[dict], held_port: socket.socket | None, hub=None):
+    def __init__(self, cfg: dict, nodes: list[dict], held_port: socket.socket | None, hub=None, backend=None):
         self._cfg = cfg
+        self._backend = backend
+        self._strategy = None
         self._held_port = held_port
         self.node_index = cfg["node_index"]
         self.executor_id = self.node_index
@@ -67,11 +69,26 @@ class NodeContext:
         """Resolve ``path`` against the cluster's default filesystem (hdfs://... or file://)."""
         return decisions.absolute_path(path, self.defaultFS, self.working_dir, getpass.getuser())
 
+    def strategy(self):
+        """The backend's ``tf.distribute`` strategy (MultiWorkerMirroredStrategy with the configured
+        CommunicationOptions, or ParameterServerStrategy on the chief), created once."""
+        if self._strategy is None:
+            self.release_port()
+            self._strategy = self._backend.strategy(self)
+        return self._strategy
+
+    def horovod_compression(self):
+        """``hvd.Compression.fp16`` when the cluster was reserved with compression='fp16', else none."""
+        import horovod.tensorflow as hvd
+
+        return hvd.Compression.fp16 if self._cfg["backend"].get("compression") == "fp16" else hvd.Compression.none
+
     def release_port(self) -> None:
         """Free the held TF server port (done before main_fun unless release_port=False)."""
         if self._held_port is not None:
             self._held_port.close()
             self._held_port = None
+            self.tmp_socket = None
 
     def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
                       input_mapping=None):
@@ -117,8 +134,13 @@ def run_node(cfg: dict) -> int:
     reply = P.call(driver, cfg["secret"], P.GetClusterSpec(cfg["cluster_id"], cfg["node_index"], timeout),
                    timeout=timeout + 30.0, setting="reservation_timeout")
     nodes = reply.nodes
-    ctx = NodeContext(cfg, nodes, held, hub)
+    from tfos.backends import from_options
+
+    backend = from_options(cfg["backend"])
+    ctx = NodeContext(cfg, nodes, held, hub, backend)
     os.environ["TF_CONFIG"] = json.dumps(ctx.tf_config)
+    me = next(n for n in nodes if n["node_index"] == ctx.node_index)
+    os.environ.update(backend.node_env(me, nodes, reply.backend))
     logger.info("node %d is %s:%d; TF_CONFIG=%s", ctx.node_index, ctx.job_name, ctx.task_index,
                 os.environ["TF_CONFIG"])
     from pyspark import cloudpickle
@@ -128,7 +150,7 @@ def run_node(cfg: dict) -> int:
     os.remove(cfg["fn_path"])
     if cfg.get("release_port", True):
         ctx.release_port()
-    main_fun(args, ctx)
+    backend.run_node(main_fun, args, ctx)
     if hub is not None:
         hub.close()
     return 0

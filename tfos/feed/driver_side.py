@@ -105,6 +105,8 @@ def train(cluster, data, num_epochs: int, feed_timeout: float, qname: str, chunk
                 if cluster.state.finished_reading(node):
                     continue
             cluster.raise_if_failed()
+            err = TFOSError(f"could not end the feed on node {node}")
+            cluster._abort(err)
             raise
     secs = time.monotonic() - t0
     logger.info("tfos fed %d rows in %.1fs (%.0f rows/s); per node: %s", total, secs, total / max(secs, 1e-9),

@@ -8,12 +8,13 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfos", "tfos.*"]),
     python_requires=">=3.9",
-    install_requires=["pyarrow>=14", "numpy"],
+    install_requires=["pyarrow>=14", "numpy", "tqdm"],
     extras_require={
         "tf": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'"],
         "spark": ["pyspark>=3.5", "pandas>=2.2,<3"],
         "examples": ["scikit-learn", "tf-keras"],
-        "test": ["pytest>=7", "pytest-timeout", "psutil", "scikit-learn", "tf-keras"],
+        "test": ["pytest>=7", "pytest-timeout", "psutil", "scikit-learn", "tf-keras", "tensorboard", "tqdm", "nbclient", "nbformat", "ipykernel"],
+        "tensorboard": ["tensorboard"],
         "horovod": ["horovod>=0.28"],
     },
 )

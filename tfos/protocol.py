@@ -166,6 +166,7 @@ class Report:
     cluster_id: str
     node_index: int
     values: dict
+    events: list = field(default_factory=list)  # Chrome trace events for the cluster timeline
 
 
 # replies

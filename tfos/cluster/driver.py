@@ -82,7 +82,12 @@ class TFCluster:
         self._closing = threading.Event()
         self._job_group = f"tfos-{cluster_id}"
         self.backend = None  # set by reserve()
+        self.feed_rows_total: dict[int, int] = {}  # rows fed per node over all train() calls
         self._default_input_mode = InputMode.TENSORFLOW
+        self._tensorboard = None
+        self._progress = None
+        self.driver_events: list = []  # timeline events of the driver (feeding jobs)
+        self.timeline_path: str | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -91,7 +96,9 @@ class TFCluster:
                 env: dict | None = None, log_dir: str | None = None, release_port: bool = True,
                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 30.0,
                 stop_grace_secs: float = 5.0, input_mode=None, tensorboard: bool = False,
-                backend=None, transport: str = "grpc", backend_options: dict | None = None) -> "TFCluster":
+                backend=None, transport: str = "grpc", backend_options: dict | None = None,
+                progress: bool = True, timeline: str | None = None, report_interval: float = 1.0,
+                tensorboard_host: str | None = None, tensorboard_port: int = 0) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
@@ -102,12 +109,19 @@ class TFCluster:
         with num_ps > 0), 'horovod', or a tfos.backends.Backend; ``backend_options`` go to it
         (e.g. {'communication': 'ring', 'bytes_per_pack': 4 << 20} for mwms). ``transport='rdma'``
         selects NCCL over InfiniBand/RoCE and fails here on hosts without an RDMA device.
+
+        ``log_dir`` (default: a new temp dir on the driver; use shared storage on a real cluster)
+        is ``ctx.log_dir`` on the nodes; ``tensorboard=True`` serves it from a TensorBoard child of
+        the driver (``cluster.tensorboard_url``). ``progress`` shows a progress bar fed by
+        ``ctx.report()`` / ``tfos.callbacks.progress``; ``timeline='trace.json'`` writes a merged
+        Chrome trace of every rank (feed waits, steps) at shutdown.
         """
         decisions.validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
                                    InputMode.TENSORFLOW if input_mode is None else input_mode)
         if tensorboard:
-            raise ConfigError("tensorboard=True is not available in this tfos version: start TensorBoard "
-                              "yourself with `tensorboard --logdir <log_dir>` on the driver")
+            from tfos.cluster.tensorboard import require_tensorboard
+
+            require_tensorboard()
         if not isinstance(num_gpus, int) or num_gpus < 0:
             raise ConfigError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
         if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
@@ -126,13 +140,27 @@ class TFCluster:
             default_fs = hconf.get("fs.defaultFS") or "file:///"
         except Exception:
             default_fs = "file:///"
+        if log_dir is None:
+            import tempfile
+
+            log_dir = tempfile.mkdtemp(prefix="tfos-logs-")
         settings = dict(reservation_timeout=float(reservation_timeout), num_gpus=num_gpus, env=dict(env or {}),
                         log_dir=log_dir, release_port=release_port, heartbeat_interval=heartbeat_interval,
+                        timeline=timeline, report_interval=report_interval, progress=progress,
                         heartbeat_timeout=heartbeat_timeout, stop_grace_secs=stop_grace_secs,
                         default_fs=default_fs)
         cluster = cls(sc, roles, uuid.uuid4().hex[:12], P.new_secret(), settings)
         cluster.backend = backend_obj
         cluster._default_input_mode = default_mode
+        if tensorboard:
+            from tfos.cluster.tensorboard import TensorBoard
+
+            try:
+                cluster._tensorboard = TensorBoard(log_dir.replace("file://", ""),
+                                                   tensorboard_host or cluster.driver_host, tensorboard_port)
+            except BaseException:
+                cluster.server.stop()
+                raise
         return cluster
 
     @classmethod
@@ -202,6 +230,10 @@ class TFCluster:
         self._monitor = threading.Thread(target=self._monitor_loop, name=f"tfos-monitor-{self.cluster_id}",
                                          daemon=True)
         self._monitor.start()
+        if s.get("progress"):
+            from tfos.cluster.progress import ProgressMonitor
+
+            self._progress = ProgressMonitor(self).start()
         timeout = s["reservation_timeout"]
         deadline = time.monotonic() + timeout
         with self.state.cond:
@@ -228,6 +260,15 @@ class TFCluster:
             raise err
         logger.info("tfos cluster %s started: %s", self.cluster_id, json.dumps(self.cluster_spec))
         return self
+
+    @property
+    def tensorboard_url(self) -> str | None:
+        """URL of the TensorBoard serving log_dir (tensorboard=True), else None."""
+        return self._tensorboard.url if self._tensorboard else None
+
+    @property
+    def log_dir(self) -> str:
+        return self.settings["log_dir"]
 
     @property
     def cluster_spec(self) -> dict:
@@ -398,7 +439,34 @@ class TFCluster:
             self._monitor.join(timeout=5)
         if self.backend is not None:
             self.backend.driver_teardown()
+        self._finish_reporting()
+        if self._tensorboard is not None:
+            self._tensorboard.stop()
+            self._tensorboard = None
         self.server.stop()
+
+    def _finish_reporting(self) -> None:
+        """Close the progress bar, log the per-rank table, write the merged timeline."""
+        from tfos.cluster import progress as prog
+
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        with self.state.cond:
+            if not any(n.info or n.agent for n in self.state.nodes.values()):
+                return
+            nodes_state = {i: {"metrics": dict(n.metrics), "host": self.state.host_of(i),
+                               "exit": n.exited.exit_code if n.exited else None}
+                           for i, n in self.state.nodes.items()}
+            events = {i: list(n.events) for i, n in self.state.nodes.items()}
+            hosts = {i: self.state.host_of(i) for i in self.state.nodes}
+        logger.info("tfos cluster %s per-rank summary:\n%s", self.cluster_id,
+                    prog.rank_table(self.roles, nodes_state, self.feed_rows_total))
+        if self.settings.get("timeline"):
+            self.timeline_path = prog.write_timeline(
+                self.settings["timeline"], prog.chrome_trace(self.roles, hosts, events, self.driver_events))
+            logger.info("tfos cluster timeline written to %s (open in chrome://tracing or Perfetto)",
+                        self.timeline_path)
 
 
 def _short(e: BaseException) -> str:

@@ -44,6 +44,7 @@ class _NodeState:
     exited: P.NodeExited | None = None
     stop: bool = False
     metrics: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)  # timeline events reported by the node
 
 
 class ClusterState:
@@ -199,8 +200,14 @@ class ClusterState:
         return P.Ack()
 
     def _on_Report(self, msg: P.Report):
+        from tfos.cluster.progress import MAX_EVENTS_PER_NODE
+
         with self.cond:
-            self._node(msg.node_index).metrics.update(msg.values)
+            n = self._node(msg.node_index)
+            n.metrics.update(msg.values)
+            room = MAX_EVENTS_PER_NODE - len(n.events)
+            if room > 0 and msg.events:
+                n.events.extend(e for e in msg.events[:room] if isinstance(e, dict))
         return P.Ack()
 
     # -- liveness

@@ -98,20 +98,17 @@ class NodeContext:
         return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
 
     def report(self, **values) -> None:
-        """Send progress values (step, loss, ...) to the driver; see ``cluster.metrics()``."""
-        msg = P.Report(self._cfg["cluster_id"], self.node_index, {k: _jsonable(v) for k, v in values.items()})
-        P.call((self._cfg["driver_host"], self._cfg["driver_port"]), self._cfg["secret"], msg, timeout=10.0)
+        """Progress values (step, loss, examples_per_sec, ...) for the driver's progress bar and
+        ``cluster.metrics()``. Cheap to call every step: sent at most once per report_interval."""
+        self.reporter.report(values)
+
+    def trace(self, name: str, cat: str = "step", **args):
+        """Context manager recording a span on the cluster timeline (``timeline=`` on reserve)."""
+        return self.reporter.trace(name, cat, **args)
 
     def __repr__(self):
         return (f"NodeContext(node_index={self.node_index}, job_name={self.job_name!r}, "
                 f"task_index={self.task_index}, rank={self.rank}, gpus={self.gpus})")
-
-
-def _jsonable(v):
-    try:
-        return float(v) if not isinstance(v, (str, bool, int)) else v
-    except (TypeError, ValueError):
-        return str(v)
 
 
 def run_node(cfg: dict) -> int:
@@ -138,6 +135,11 @@ def run_node(cfg: dict) -> int:
 
     backend = from_options(cfg["backend"])
     ctx = NodeContext(cfg, nodes, held, hub, backend)
+    from tfos.cluster.node_reporting import Reporter
+
+    ctx.reporter = Reporter(cfg, cfg.get("report_interval", 1.0), bool(cfg.get("timeline")))
+    if hub is not None:
+        hub.reporter = ctx.reporter
     os.environ["TF_CONFIG"] = json.dumps(ctx.tf_config)
     me = next(n for n in nodes if n["node_index"] == ctx.node_index)
     os.environ.update(backend.node_env(me, nodes, reply.backend))
@@ -150,7 +152,11 @@ def run_node(cfg: dict) -> int:
     os.remove(cfg["fn_path"])
     if cfg.get("release_port", True):
         ctx.release_port()
-    backend.run_node(main_fun, args, ctx)
+    try:
+        with ctx.trace("main_fun", "node"):
+            backend.run_node(main_fun, args, ctx)
+    finally:
+        ctx.reporter.close()
     if hub is not None:
         hub.close()
     return 0

@@ -100,6 +100,7 @@ class FeedHub:
         self.port = self.sock.getsockname()[1]
         self.rows_received = 0
         self.bytes_received = 0
+        self.reporter = None  # set by the TF process: feed waits go on the cluster timeline
 
     def queue(self, name: str) -> FeedQueue:
         with self._lock:
@@ -214,9 +215,14 @@ class DataFeed:
 
     # -- core reader
     def _next_item(self):
-        t0 = time.perf_counter()
+        t0 = time.time()
         item = self.queue.q.get()
-        self.wait_secs += time.perf_counter() - t0
+        t1 = time.time()
+        self.wait_secs += t1 - t0
+        if self.hub.reporter is not None and t1 - t0 > 0.001:
+            self.hub.reporter.event("feed wait", "feed", t0, t1)
+        if self.hub.reporter is not None:
+            self.hub.reporter.report({"rows_read": self.rows_read, "feed_wait_secs": round(self.wait_secs, 3)})
         return item
 
     def _take(self, n: int) -> list[pa.RecordBatch]:

@@ -88,9 +88,15 @@ def train(cluster, data, num_epochs: int, feed_timeout: float, qname: str, chunk
         epochs = data if num_epochs == 1 else cluster.sc.union([data] * num_epochs)
         action = lambda: sum(epochs.mapPartitionsWithIndex(feeder).collect())  # noqa: E731
     t0 = time.monotonic()
+    wall0 = time.time()
     total = run_job(cluster, f"tfos feed {cfg['feed_id']} ({num_epochs} epochs)", action)
     with cluster.state.cond:
         per_node = dict(cluster.state.feed_rows.pop(cfg["feed_id"], {}))
+    for node, rows in per_node.items():
+        cluster.feed_rows_total[node] = cluster.feed_rows_total.get(node, 0) + rows
+    cluster.driver_events.append({"name": f"feed job {cfg['feed_id']}", "cat": "feed", "ph": "X",
+                                  "ts": int(wall0 * 1e6), "dur": int((time.time() - wall0) * 1e6),
+                                  "args": {"rows": total, "epochs": num_epochs, "per_node": str(per_node)}})
     for node in cfg["feed_nodes"]:
         with cluster.state.cond:
             if cluster.state.finished_reading(node):

@@ -63,9 +63,15 @@ def worker_tf(mode: str, rank: int, ports, sizes, pack: int) -> dict:
             implementation=tf.distribute.experimental.CommunicationImplementation.RING, bytes_per_pack=pack)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
 
+        def make_input(size):
+            with strategy.scope():
+                return tf.Variable(tf.ones([size // 4], tf.float32))
+
         @tf.function
-        def reduce(t):
-            return strategy.run(lambda x: tf.distribute.get_replica_context().all_reduce("sum", x), args=(t,))
+        def reduce(v):
+            def fn():
+                return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(v))
+            return strategy.experimental_local_results(strategy.run(fn))[0]
     else:
         sys.path.insert(0, ROOT)
         from tfos import keras_dist
@@ -73,11 +79,14 @@ def worker_tf(mode: str, rank: int, ports, sizes, pack: int) -> dict:
         keras_dist.init_collectives()
         compression = "fp16" if mode == "keras_dist_fp16" else None
 
+        def make_input(size):
+            return tf.ones([size // 4], tf.float32)
+
         @tf.function
         def reduce(t):
             return keras_dist.allreduce(t, average=False, compression=compression)
     for size in sizes:
-        t = tf.ones([size // 4], tf.float32)
+        t = make_input(size)
         reduce(t)
         reduce(t)
         n = iterations(size)
@@ -146,6 +155,7 @@ def socket_copy(sizes) -> dict:
     port = srv.getsockname()[1]
     code = ("import socket,sys\n"
             f"s=socket.create_connection(('127.0.0.1',{port}))\n"
+            "s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
             "buf=bytearray(1<<20)\n"
             "while True:\n"
             "    h=s.recv(8)\n"
@@ -155,6 +165,7 @@ def socket_copy(sizes) -> dict:
             "    s.sendall(b'k')\n")
     peer = subprocess.Popen([sys.executable, "-c", code])
     conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     out = {}
     try:
         for size in sizes:
@@ -164,8 +175,9 @@ def socket_copy(sizes) -> dict:
                 n = iterations(size)
                 t0 = time.perf_counter()
                 for _ in range(n):
-                    conn.sendall(size.to_bytes(8, "big"))
-                    conn.sendall(data)
+                    conn.sendall(size.to_bytes(8, "big") + data if size <= 65536 else size.to_bytes(8, "big"))
+                    if size > 65536:
+                        conn.sendall(data)
                     conn.recv(1)
                 best = min(best, (time.perf_counter() - t0) / n)
             out[size] = best

@@ -68,7 +68,8 @@ def tfos_counter(args, ctx):
 def tfos_feed(sc, rows, partitions):
     from tfos import InputMode, TFCluster
 
-    cluster = TFCluster.run(sc, tfos_counter, None, 2, 0, input_mode=InputMode.SPARK, master_node="chief")
+    cluster = TFCluster.run(sc, tfos_counter, None, 2, 0, input_mode=InputMode.SPARK, master_node="chief",
+                            progress=False)
     rdd = make_rdd(sc, rows, partitions)
     t0 = time.perf_counter()
     total = cluster.train(rdd, num_epochs=1)
@@ -149,7 +150,8 @@ def reference_inference(sc, rdd, model_path):
 def tfos_inference(sc, rdd, model_path):
     from tfos import InputMode, TFCluster
 
-    cluster = TFCluster.run(sc, tfos_infer_fun, model_path, 2, 0, input_mode=InputMode.SPARK, master_node="chief")
+    cluster = TFCluster.run(sc, tfos_infer_fun, model_path, 2, 0, input_mode=InputMode.SPARK, master_node="chief",
+                            progress=False)
     try:
         cluster.inference(rdd).count()  # warm-up: TF graph tracing in the nodes
         t0 = time.perf_counter()

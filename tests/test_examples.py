@@ -33,3 +33,40 @@ def test_notebook_runs_top_to_bottom(tmp_path):
     client.execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "test accuracy" in outputs
+
+
+@pytest.mark.slow
+def test_digits_example_runs_under_spark_submit(tmp_path):
+    """The README's spark-submit command, against an embedded local-cluster master."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    submit = submit if os.path.exists(submit) else shutil.which("spark-submit")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    out = subprocess.run([submit, "--master", "local-cluster[2,1,1024]", "--conf", "spark.ui.enabled=false",
+                          os.path.join(root, "examples", "digits", "digits_tf.py"), "--epochs", "10",
+                          "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    m = re.search(r"test accuracy ([\d.]+)", out.stdout)
+    assert m and float(m.group(1)) >= 0.9, out.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keras_version", ["3", "2"])
+def test_digits_keras_fit_example(spark, tmp_path, keras_version):
+    import numpy as np
+
+    import digits_keras_fit
+
+    acc = digits_keras_fit.main(["--keras", keras_version, "--epochs", "8", "--output-dir", str(tmp_path)],
+                                spark=spark)
+    assert acc >= 0.9
+    w0, w1 = np.load(tmp_path / "weights-rank0.npz"), np.load(tmp_path / "weights-rank1.npz")
+    for k in w0.files:
+        np.testing.assert_allclose(w0[k], w1[k], atol=1e-6)

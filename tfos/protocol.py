@@ -383,10 +383,12 @@ class Channel:
 
 
 def call(address: tuple[str, int], secret: str, msg, timeout: float, what: str = "tfos driver",
-         setting: str = ""):
-    """One request/response on a fresh authenticated connection (control RPCs are idempotent)."""
+         setting: str = "", retry: bool = True):
+    """One request/response on a fresh authenticated connection (control RPCs are idempotent).
+    ``retry=False``: a refused connection fails at once instead of being retried until the timeout."""
     host, port = address
-    with Channel.connect(host, port, secret, timeout=min(timeout, 30.0), what=what, setting=setting) as ch:
+    with Channel.connect(host, port, secret, timeout=min(timeout, 30.0), what=what, setting=setting,
+                         retry=retry) as ch:
         ch.settimeout(timeout)
         try:
             return ch.request(msg)

@@ -61,6 +61,19 @@ def local_cluster_session(num_executors: int = 2, cores: int = 1, memory_mb: int
     return spark
 
 
+def example_session(num_executors: int = 2, app_name: str = "tfos-example"):
+    """The SparkSession an example should use: the one spark-submit (or a notebook) already set up,
+    with its --master; else an embedded local-cluster with ``num_executors`` executors."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit: honour its --master
+        return SparkSession.builder.appName(app_name).getOrCreate()
+    return local_cluster_session(num_executors, app_name=app_name)
+
+
 def tfos_processes():
     """psutil.Process objects of tfos agents and TF processes running on this host."""
     import psutil

@@ -4,7 +4,10 @@
 nodes; main_fun runs on the chief with ParameterServerStrategy + ClusterCoordinator, and each
 worker reads its own CSV shards through a per-worker dataset function.
 
-    python examples/digits/digits_ps.py        # embedded local-cluster[3,1,1024]
+With ``--input spark`` (InputMode.SPARK) only the chief receives the fed rows; it hands each
+batch to a worker as the arguments of ``coordinator.schedule``.
+
+    python examples/digits/digits_ps.py [--input spark]   # embedded local-cluster[3,1,1024]
 """
 
 from __future__ import annotations
@@ -65,9 +68,27 @@ def main_fun(args, ctx):
             return loss
         return strategy.run(replica_fn, args=next(iterator))
 
-    steps_per_epoch = args.train_rows // args.batch_size
     scheduled = 0
-    for epoch in range(args.epochs):
+    if args.input == "spark":
+        @tf.function
+        def batch_step_fn(x, y):
+            def replica_fn(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x, training=True),
+                                                                                       from_logits=True))
+                optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                              model.trainable_variables))
+                steps_done.assign_add(1)
+                return loss
+            return strategy.run(replica_fn, args=(x, y))
+
+        feed = ctx.get_data_feed(train_mode=True)
+        for x, y in feed.batches(args.batch_size):  # only the chief is fed; workers get batches as args
+            coordinator.schedule(batch_step_fn, args=(tf.constant(x, tf.float32), tf.constant(y, tf.int64)))
+            scheduled += 1
+        coordinator.join()
+    steps_per_epoch = args.train_rows // args.batch_size
+    for epoch in range(args.epochs if args.input == "files" else 0):
         losses = [coordinator.schedule(step_fn, args=(per_worker_iter,)) for _ in range(steps_per_epoch)]
         scheduled += len(losses)
         coordinator.join()
@@ -91,6 +112,7 @@ def main(argv=None) -> dict:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--learning-rate", type=float, default=0.01)
     p.add_argument("--output-dir", default=None)
+    p.add_argument("--input", choices=("files", "spark"), default="files")
     args = p.parse_args(argv)
     import digits_tf
     from tfos import InputMode, TFCluster
@@ -101,8 +123,15 @@ def main(argv=None) -> dict:
     args.output_dir = os.path.abspath(args.output_dir or os.path.join(base, "out"))
     args.train_rows = digits_tf.prepare_shards(args.data_dir)["train_rows"]
     spark = local_cluster_session(3, app_name="tfos-digits-ps")
-    cluster = TFCluster.reserve(spark.sparkContext, 3, num_ps=1, backend="ps")
-    cluster.start(main_fun, args, input_mode=InputMode.TENSORFLOW)
+    mode = InputMode.SPARK if args.input == "spark" else InputMode.TENSORFLOW
+    cluster = TFCluster.reserve(spark.sparkContext, 3, num_ps=1, backend="ps", input_mode=mode)
+    cluster.start(main_fun, args)
+    if args.input == "spark":
+        import glob
+
+        rows = [(r[1:].astype(np.float32), int(r[0])) for f in sorted(glob.glob(os.path.join(args.data_dir, "train-*.csv")))
+                for r in np.loadtxt(f, delimiter=",", ndmin=2)]
+        cluster.train(spark.sparkContext.parallelize(rows, 4), num_epochs=args.epochs)
     cluster.shutdown(timeout=600)
     spark.stop()
     with open(os.path.join(args.output_dir, "result.json")) as f:

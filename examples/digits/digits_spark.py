@@ -89,9 +89,9 @@ def main(argv=None, spark=None) -> float:
 
     own_session = spark is None
     if own_session:
-        from tfos.testing import local_cluster_session
+        from tfos.testing import example_session
 
-        spark = local_cluster_session(args.num_executors, app_name="tfos-digits-spark")
+        spark = example_session(args.num_executors, app_name="tfos-digits-spark")
     sc = spark.sparkContext
     (xtr, ytr), (xte, yte) = load()
     if args.source == "dataframe":

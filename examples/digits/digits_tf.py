@@ -160,14 +160,9 @@ def main(argv=None) -> float:
 
         spark = SparkSession.builder.master(args.master).appName("tfos-digits").getOrCreate()
     else:
-        try:
-            spark = __import__("pyspark.sql", fromlist=["SparkSession"]).SparkSession.getActiveSession()
-        except Exception:
-            spark = None
-        if spark is None:
-            from tfos.testing import local_cluster_session
+        from tfos.testing import example_session
 
-            spark = local_cluster_session(args.num_executors, app_name="tfos-digits")
+        spark = example_session(args.num_executors, app_name="tfos-digits")
     cluster = TFCluster.run(spark.sparkContext, main_fun, args, args.num_executors, 0,
                             input_mode=InputMode.TENSORFLOW, master_node="chief")
     cluster.shutdown()

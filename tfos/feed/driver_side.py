@@ -104,7 +104,7 @@ def train(cluster, data, num_epochs: int, feed_timeout: float, qname: str, chunk
         host, port = cfg["feed_addresses"][str(node)]
         try:
             P.call((host, port), cfg["secret"], P.FeedEnd(cfg["feed_id"], qname, per_node.get(node, 0)),
-                   timeout=feed_timeout, what=f"feed of node {node}", setting="feed_timeout")
+                   timeout=feed_timeout, what=f"feed of node {node}", setting="feed_timeout", retry=False)
         except (TFOSError, OSError):
             with cluster.state.cond:
                 cluster.state.cond.wait_for(lambda: cluster.state.nodes[node].exited is not None, timeout=5)
@@ -148,6 +148,6 @@ def close_feeds(cluster) -> None:
             continue
         try:
             P.call((n["host"], n["feed_port"]), cluster._secret, P.FeedEnd(SHUTDOWN_FEED, "input", 0),
-                   timeout=10.0, what=f"feed of node {n['node_index']}")
+                   timeout=10.0, what=f"feed of node {n['node_index']}", retry=False)
         except (TFOSError, OSError) as e:
             logger.info("could not close the feed of node %d: %s", n["node_index"], e)

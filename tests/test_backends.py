@@ -172,3 +172,64 @@ def test_keras3_fit_on_two_nodes_identical_weights(sc, tmp_path, comp):
         if k != "acc":
             np.testing.assert_array_equal(w0[k], w1[k])
     assert float(w0["acc"]) >= 0.9
+
+
+def mwms_fp16_main(args, ctx):
+    import glob
+    import os
+
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    import digits_tf
+    from tfos.distribute import allreduce_gradients
+
+    strategy = ctx.strategy()
+    x, y = digits_tf.load_csv(sorted(glob.glob(os.path.join(args["data"], "train-*.csv")))[ctx.rank::ctx.num_workers])
+    gb = 32 * ctx.num_workers
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = strategy.distribute_datasets_from_function(
+        lambda _: tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=0).repeat().batch(32)
+        .with_options(options))
+    with strategy.scope():
+        model = tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(64, activation="relu"),
+                                     tf_keras.layers.Dense(10)])
+        opt = tf_keras.optimizers.Adam(0.01)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            per_ex = tf_keras.losses.sparse_categorical_crossentropy(yb, model(xb, training=True), from_logits=True)
+            loss = tf.nn.compute_average_loss(per_ex, global_batch_size=gb)
+        grads = allreduce_gradients(tape.gradient(loss, model.trainable_variables), compression="fp16")
+        opt.apply_gradients(zip(grads, model.trainable_variables), skip_gradients_aggregation=True)
+        return loss
+
+    @tf.function
+    def train_step(it):
+        return strategy.run(step, args=next(it))
+
+    it = iter(ds)
+    for _ in range(8 * (args["rows"] // gb)):
+        train_step(it)
+    xt, yt = digits_tf.load_csv([os.path.join(args["data"], "test.csv")])
+    acc = float(np.mean(np.argmax(model(xt).numpy(), axis=1) == yt))
+    np.savez(os.path.join(args["out"], f"fp16-{ctx.rank}.npz"), *[w.numpy() for w in model.weights], acc=acc)
+
+
+@pytest.mark.slow
+def test_mwms_custom_loop_with_fp16_gradient_compression(sc, tmp_path):
+    import numpy as np
+
+    import digits_tf
+    from tfos import TFCluster
+
+    info = digits_tf.prepare_shards(str(tmp_path / "data"))
+    cluster = TFCluster.reserve(sc, 2, 0)
+    cluster.start(mwms_fp16_main, {"data": str(tmp_path / "data"), "out": str(tmp_path), "rows": info["train_rows"]})
+    cluster.shutdown(timeout=300)
+    w0, w1 = np.load(tmp_path / "fp16-0.npz"), np.load(tmp_path / "fp16-1.npz")
+    for k in w0.files:
+        np.testing.assert_array_equal(w0[k], w1[k])
+    assert float(w0["acc"]) >= 0.9

@@ -188,8 +188,10 @@ class DataFeed:
 
     ``DataFeed(ctx.mgr, train_mode=True, qname_in='input', qname_out='output', input_mapping=None)``.
     In train mode a feed ends (``should_stop()``) when ``cluster.train`` has delivered every
-    epoch; in inference mode (``train_mode=False``) batches never span two partitions, and the
-    feed ends when the cluster shuts down.
+    epoch; in inference mode (``train_mode=False``) a batch stops at the end of a partition (so a
+    partition's last rows are answered without waiting for more data; when several partitions
+    reach this node at once their chunks interleave, and results still go back to the right
+    task), and the feed ends when the cluster shuts down.
     """
 
     def __init__(self, mgr, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",

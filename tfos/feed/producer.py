@@ -243,25 +243,39 @@ def make_inference_feeder(cfg: dict, arrow_input: bool):
 
     if arrow_input:
         def infer_arrow(batches):
+            """Stream: each results batch is joined with the input rows it answers, so memory holds
+            only the rows in flight, not the whole partition."""
+            import collections
+
             from pyspark import TaskContext
 
-            pending = []
-            inputs = []
+            inputs: collections.deque = collections.deque()  # sent, not yet answered (sender thread appends)
+            offset = 0
 
             def tee():
                 for b in batches:
-                    inputs.append(b)
-                    yield b
+                    if b.num_rows:
+                        inputs.append(b)
+                        yield b
+
+            def take(k):
+                nonlocal offset
+                parts = []
+                while k > 0:
+                    b = inputs[0]
+                    n = min(k, b.num_rows - offset)
+                    parts.append(b.slice(offset, n))
+                    offset += n
+                    k -= n
+                    if offset == b.num_rows:
+                        inputs.popleft()
+                        offset = 0
+                return pa.Table.from_batches(parts).combine_chunks()
+
             for res in infer(TaskContext.get().partitionId(), tee()):
-                pending.append(res)
-            src = pa.Table.from_batches(inputs) if inputs else None
-            if src is None:
-                return
-            results = pa.Table.from_batches(pending).column(0).combine_chunks() if pending else pa.array([])
-            results = results.cast(cfg["result_arrow_type"])
-            out = src.append_column(cfg["result_column"], results)
-            for b in out.to_batches():
-                yield b
+                src = take(res.num_rows)
+                out = src.append_column(cfg["result_column"], res.column(0).cast(cfg["result_arrow_type"]))
+                yield from out.to_batches()
         return infer_arrow
 
     def infer_rows(partition, iterator):

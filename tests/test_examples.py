@@ -70,3 +70,55 @@ def test_digits_keras_fit_example(spark, tmp_path, keras_version):
     w0, w1 = np.load(tmp_path / "weights-rank0.npz"), np.load(tmp_path / "weights-rank1.npz")
     for k in w0.files:
         np.testing.assert_allclose(w0[k], w1[k], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_digits_example_on_a_standalone_cluster(tmp_path):
+    """The README's standalone command: a real Spark standalone master + worker on this host."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from tfos.cluster import host
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bindir = os.path.dirname(sys.executable)
+    spark_class = os.path.join(bindir, "spark-class")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1", SPARK_WORKER_DIR=str(tmp_path / "work"))
+    procs = []
+
+    def start(args, log, pattern, timeout=90):
+        f = open(tmp_path / log, "w+")
+        p = subprocess.Popen([spark_class] + args, stdout=f, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+        procs.append(p)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, (tmp_path / log).read_text())
+            if m:
+                return m
+            assert p.poll() is None, (tmp_path / log).read_text()[-3000:]
+            time.sleep(0.5)
+        raise AssertionError(f"{log}: no {pattern!r} within {timeout}s\n" + (tmp_path / log).read_text()[-3000:])
+
+    try:
+        m = start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+                   "--webui-port", "0"], "master.log", r"Starting Spark master at (spark://[\d.]+:\d+)")
+        master = m.group(1)
+        start(["org.apache.spark.deploy.worker.Worker", master, "--cores", "2", "--memory", "3g",
+               "--webui-port", "0", "--host", "127.0.0.1"], "worker.log", r"Successfully registered with master")
+        out = subprocess.run([os.path.join(bindir, "spark-submit"), "--master", master,
+                              "--conf", "spark.executor.cores=1", "--conf", "spark.executor.memory=1g",
+                              "--conf", "spark.ui.enabled=false",
+                              os.path.join(root, "examples", "digits", "digits_tf.py"), "--epochs", "10",
+                              "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")],
+                             capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+        acc = re.search(r"test accuracy ([\d.]+)", out.stdout)
+        assert acc and float(acc.group(1)) >= 0.9, out.stdout[-2000:]
+    finally:
+        for p in reversed(procs):
+            host.terminate(p, 5.0, "spark daemon")

@@ -33,7 +33,7 @@ def sc(spark):
 def no_leftover_tfos_processes(request):
     """After every test, no tfos agent or TF process may be left running."""
     yield
-    from tfos.testing import tfos_processes, wait_no_tfos_processes
+    from tfos.testing import wait_no_tfos_processes
 
     left = wait_no_tfos_processes(timeout=30)
     if left:

@@ -36,7 +36,6 @@ def test_chrome_trace_merges_nodes_and_driver():
 
 
 def reporting_main(args, ctx):
-    import os
     import time
 
     import tensorflow as tf

@@ -1,7 +1,5 @@
 """Horovod backend end to end (runs in the TF 2.15 + Horovod 0.28.1 environment; see .ci/run)."""
 
-import json
-import os
 
 import numpy as np
 import pytest

@@ -18,11 +18,10 @@ import logging
 import os
 from typing import Sequence
 
+from tfos.cluster.decisions import TRAINING_JOBS
 from tfos.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-TRAINING_JOBS = ("chief", "master", "worker")
 
 
 # --------------------------------------------------------------------------- RDMA

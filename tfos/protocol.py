@@ -24,7 +24,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from tfos.errors import AuthenticationError, ProtocolError, TFOSTimeoutError
 

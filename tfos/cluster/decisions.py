@@ -181,11 +181,6 @@ def absolute_path(path: str, default_fs: str, working_dir: str, user: str = "") 
     return fs + posixpath.normpath(posixpath.join("/user", user or "", path))
 
 
-def default_fs_from_hadoop_conf(conf: dict) -> str:
-    fs = conf.get("fs.defaultFS") or conf.get("fs.default.name") or "file:///"
-    return fs
-
-
 # --------------------------------------------------------------------------- processes
 
 def tf_process_command(python: str) -> list[str]:

@@ -17,8 +17,8 @@ import uuid
 from tfos import protocol as P
 from tfos.cluster import decisions
 from tfos.cluster.decisions import InputMode
-from tfos.cluster.driver_service import ClusterState, ControlServer, NodeFailure, driver_host
-from tfos.cluster.executor import make_bootstrap
+from tfos.cluster.driver_service import ClusterState, ControlServer, driver_host
+from tfos.cluster.executor import make_bootstrap, node_dir
 from tfos.errors import (ClusterStateError, ConfigError, NodeFailedError, ReservationTimeoutError,
                          TFOSError, TFOSTimeoutError)
 
@@ -478,6 +478,4 @@ def _short(e: BaseException) -> str:
 
 
 def _node_logs_hint(cluster_id: str) -> str:
-    import tempfile
-
-    return f" Node logs: {os.path.join(tempfile.gettempdir(), 'tfos-' + cluster_id)}/node-*/ on each executor host."
+    return f" Node logs: {os.path.dirname(node_dir(cluster_id, 0))}/node-*/ on each executor host."

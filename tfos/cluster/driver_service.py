@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from tfos import protocol as P
+from tfos.cluster.progress import MAX_EVENTS_PER_NODE
 from tfos.errors import AuthenticationError, ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -200,8 +201,6 @@ class ClusterState:
         return P.Ack()
 
     def _on_Report(self, msg: P.Report):
-        from tfos.cluster.progress import MAX_EVENTS_PER_NODE
-
         with self.cond:
             n = self._node(msg.node_index)
             n.metrics.update(msg.values)

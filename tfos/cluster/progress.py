@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import threading
-import time
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +120,3 @@ def write_timeline(path: str, trace: dict) -> str:
         json.dump(trace, f)
     os.replace(tmp, path)
     return path
-
-
-def now() -> float:
-    return time.time()

@@ -20,7 +20,6 @@ import traceback
 
 from tfos import protocol as P
 from tfos.cluster import decisions, host
-from tfos.errors import TFOSError
 
 logger = logging.getLogger("tfos.cluster.tf_node")
 

@@ -41,7 +41,6 @@ class _Origin:
         self.train = train
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
-        self.rows_in = 0
         self.rows_answered = 0
         self.pending_results: list = []
 
@@ -68,7 +67,6 @@ class FeedQueue:
         self.name = name
         self.q: queue.Queue = queue.Queue(maxsize)
         self.terminated = threading.Event()
-        self.rows_by_feed: dict[str, int] = collections.Counter()
 
     def put(self, item, stop: threading.Event) -> None:
         while True:
@@ -163,7 +161,6 @@ class FeedHub:
                 batch = arrow_rows.from_ipc(value)
                 rows += batch.num_rows
                 self.bytes_received += len(value)
-                origin.rows_in = rows
                 if batch.num_rows:
                     q.put((_DATA, batch, origin, begin.feed_id), self._stop)
                 continue

@@ -9,7 +9,7 @@ import time
 import uuid
 
 from tfos import protocol as P
-from tfos.errors import FeedError, FeedTimeoutError, NodeFailedError, TFOSError
+from tfos.errors import FeedError, FeedTimeoutError, TFOSError
 from tfos.feed.consumer import SHUTDOWN_FEED
 from tfos.feed.producer import make_inference_feeder, make_train_feeder
 

@@ -112,13 +112,14 @@ def test_horovod_missing_is_a_clear_error():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["files", "spark"])
-def test_parameter_server_example_trains_and_counts_steps(source):
+@pytest.mark.parametrize("flags", [["--input", "files"], ["--input", "spark"], ["--keras-fit"]])
+def test_parameter_server_example_trains_and_counts_steps(flags):
     """ps + chief + worker need 3 executors: the example runs its own local-cluster[3,1,1024].
-    InputMode.TENSORFLOW (per-worker file shards) and InputMode.SPARK (fed to the chief)."""
+    InputMode.TENSORFLOW (per-worker file shards), InputMode.SPARK (fed to the chief), and tf_keras
+    model.fit with a DatasetCreator."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, os.path.join(root, "examples", "digits", "digits_ps.py"), "--epochs", "5",
-                          "--input", source],
+    out = subprocess.run([sys.executable, os.path.join(root, "examples", "digits", "digits_ps.py"), "--epochs", "5"]
+                         + flags,
                          capture_output=True, text=True, timeout=600, cwd=root)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     m = re.search(r"test accuracy ([\d.]+); steps scheduled (\d+), counted on the ps (\d+)", out.stdout)

@@ -7,7 +7,7 @@ worker reads its own CSV shards through a per-worker dataset function.
 With ``--input spark`` (InputMode.SPARK) only the chief receives the fed rows; it hands each
 batch to a worker as the arguments of ``coordinator.schedule``.
 
-    python examples/digits/digits_ps.py [--input spark]   # embedded local-cluster[3,1,1024]
+    python examples/digits/digits_ps.py [--input spark | --keras-fit]   # embedded local-cluster[3,1,1024]
 """
 
 from __future__ import annotations
@@ -20,6 +20,52 @@ import sys
 import tempfile
 
 import numpy as np
+
+
+def make_dataset_fn(files, batch_size):
+    """Per-worker dataset function: each worker reads its own disjoint CSV shards."""
+    import tensorflow as tf
+
+    def dataset_fn(input_context):
+        ds = tf.data.Dataset.from_tensor_slices(files).shard(input_context.num_input_pipelines,
+                                                             input_context.input_pipeline_id)
+        ds = ds.interleave(tf.data.TextLineDataset, cycle_length=1)
+        ds = ds.map(lambda line: tf.io.decode_csv(line, [0.0] * 65))
+        ds = ds.map(lambda *cols: (tf.stack(cols[1:]), tf.cast(cols[0], tf.int64)))
+        return ds.shuffle(512, seed=1).repeat().batch(batch_size)
+
+    return dataset_fn
+
+
+def fit_main_fun(args, ctx):
+    """Keras ``model.fit`` under parameter servers: tf_keras with a DatasetCreator (Keras 3 has no
+    ClusterCoordinator support). Runs on the chief only."""
+    import glob
+
+    import tf_keras
+
+    import digits_tf
+
+    strategy = ctx.strategy()
+    data_dir = ctx.absolute_path(args.data_dir).replace("file://", "")
+    files = sorted(glob.glob(os.path.join(data_dir, "train-*.csv")))
+    with strategy.scope():
+        model = tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(64, activation="relu"),
+                                     tf_keras.layers.Dense(10)])
+        model.compile(optimizer=tf_keras.optimizers.Adam(args.learning_rate),
+                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=10)
+    steps_per_epoch = args.train_rows // args.batch_size
+    model.fit(tf_keras.utils.experimental.DatasetCreator(make_dataset_fn(files, args.batch_size)),
+              epochs=args.epochs, steps_per_epoch=steps_per_epoch, verbose=0)
+    xt, yt = digits_tf.load_csv([os.path.join(data_dir, "test.csv")])
+    acc = float(np.mean(np.argmax(model(xt, training=False).numpy(), axis=1) == yt))
+    iterations = int(model.optimizer.iterations.numpy())  # a tf.Variable on a ps (atomic assign_add)
+    result = {"accuracy": acc, "scheduled_steps": args.epochs * steps_per_epoch, "counted_steps": iterations,
+              "optimizer_iterations": iterations, "num_workers": len(ctx.cluster_spec.get("worker", []))}
+    out_dir = ctx.absolute_path(args.output_dir).replace("file://", "")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "result.json"), "w") as f:
+        json.dump(result, f)
 
 
 def main_fun(args, ctx):
@@ -37,14 +83,7 @@ def main_fun(args, ctx):
     files = sorted(glob.glob(os.path.join(data_dir, "train-*.csv")))
     num_workers = len(ctx.cluster_spec.get("worker", []))
 
-    def dataset_fn(input_context):
-        # runs on each worker: its own disjoint file shards (by input pipeline id)
-        ds = tf.data.Dataset.from_tensor_slices(files).shard(input_context.num_input_pipelines,
-                                                             input_context.input_pipeline_id)
-        ds = ds.interleave(tf.data.TextLineDataset, cycle_length=1)
-        ds = ds.map(lambda line: tf.io.decode_csv(line, [0.0] * 65))
-        ds = ds.map(lambda *cols: (tf.stack(cols[1:]), tf.cast(cols[0], tf.int64)))
-        return ds.shuffle(512, seed=1).repeat().batch(args.batch_size)
+    dataset_fn = make_dataset_fn(files, args.batch_size)
 
     with strategy.scope():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
@@ -113,6 +152,7 @@ def main(argv=None) -> dict:
     p.add_argument("--learning-rate", type=float, default=0.01)
     p.add_argument("--output-dir", default=None)
     p.add_argument("--input", choices=("files", "spark"), default="files")
+    p.add_argument("--keras-fit", action="store_true", help="tf_keras model.fit with a DatasetCreator (files)")
     args = p.parse_args(argv)
     import digits_tf
     from tfos import InputMode, TFCluster
@@ -125,7 +165,7 @@ def main(argv=None) -> dict:
     spark = local_cluster_session(3, app_name="tfos-digits-ps")
     mode = InputMode.SPARK if args.input == "spark" else InputMode.TENSORFLOW
     cluster = TFCluster.reserve(spark.sparkContext, 3, num_ps=1, backend="ps", input_mode=mode)
-    cluster.start(main_fun, args)
+    cluster.start(fit_main_fun if args.keras_fit else main_fun, args)
     if args.input == "spark":
         import glob
 

@@ -8,7 +8,7 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfos", "tfos.*"]),
     python_requires=">=3.9",
-    install_requires=["pyarrow>=14", "numpy", "tqdm"],
+    install_requires=["pyarrow>=14", "numpy", "tqdm", "protobuf>=4.23", "google-crc32c>=1.5"],
     extras_require={
         "tf": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'"],
         "spark": ["pyspark>=3.5", "pandas>=2.2,<3"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class TFOSError(Exception):
     """Root of every error raised by tfos."""
@@ -24,6 +26,14 @@ class AuthenticationError(ProtocolError):
     """A peer failed the per-cluster secret handshake."""
 
 
+class ChannelClosed(ProtocolError):
+    """The peer closed (or reset) a tfos channel."""
+
+
+class RequestRefused(TFOSError):
+    """A tfos service answered a request with an error (the message says why)."""
+
+
 class TFOSTimeoutError(TFOSError, TimeoutError):
     """A blocking wait ran past its deadline. The message names the setting to raise."""
 
@@ -42,6 +52,21 @@ class FeedError(TFOSError):
 
 class ClusterStateError(TFOSError):
     """An API call that the cluster's current state does not allow."""
+
+
+@dataclass
+class NodeFailure:
+    """Why one node failed, as the driver learned it."""
+
+    node_index: int
+    job_name: str
+    task_index: int
+    host: str
+    reason: str
+    exit_code: int | None = None
+    traceback: str = ""
+    log_tail: str = ""
+    log_path: str = ""
 
 
 class NodeFailedError(TFOSError):
@@ -72,3 +97,24 @@ def format_failures(failures) -> str:
             text.append(f"Last log lines of node {f.node_index} ({f.log_path}):\n" + f.log_tail.rstrip())
         parts.append("\n".join(text))
     return "\n\n".join(parts)
+
+
+def remote_error(exc: BaseException) -> TFOSError | None:
+    """The tfos error that a Spark task raised, decoded from the text of the driver-side
+    exception (Py4J/Spark wrap it as ``...tfos.errors.FeedError: message...``); None if the text
+    holds no tfos error. The last one in the text wins (it is the innermost cause).
+
+    This is the one place where remote errors are recognised by their text: Spark gives the
+    driver nothing else. Only classes of this module are ever built from it."""
+    import re
+
+    text = str(exc)
+    found = None
+    for m in re.finditer(r"tfos\.errors\.([A-Za-z]+): ([^\n]*)", text):
+        cls = globals().get(m.group(1))
+        if isinstance(cls, type) and issubclass(cls, TFOSError) and cls is not NodeFailedError:
+            found = (cls, m.group(2).strip())
+    if found is None:
+        return None
+    cls, message = found
+    return cls(message)

@@ -1,0 +1,103 @@
+"""Process supervision: terminate-then-kill, parent-death signals and watchdogs, the executor
+JVM lookup, and log tails. Used by the barrier task, the node agent, the TF process and the
+driver (for its TensorBoard child)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGKILL this child when its parent thread exits."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def start_pipe_watchdog(fd: int, on_parent_death) -> threading.Thread:
+    """Call ``on_parent_death()`` when the write end of pipe ``fd`` (held by the parent) closes,
+    which the kernel does when the parent dies, even by SIGKILL."""
+
+    def watch():
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        on_parent_death()
+
+    t = threading.Thread(target=watch, name="tfos-parent-watchdog", daemon=True)
+    t.start()
+    return t
+
+
+def terminate(proc: subprocess.Popen, grace_secs: float, what: str = "process") -> int | None:
+    """SIGTERM the process (group), wait ``grace_secs``, then SIGKILL. Returns the exit code."""
+    if proc.poll() is not None:
+        return proc.returncode
+    for sig, wait in ((signal.SIGTERM, grace_secs), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            logger.warning("%s %d ignored %s for %.0fs", what, proc.pid, signal.Signals(sig).name, wait)
+    return proc.poll()
+
+
+def jvm_ancestor(pid: int | None = None, max_depth: int = 6) -> int | None:
+    """The nearest ancestor whose executable is ``java`` (the Spark executor), if any."""
+    pid = pid or os.getpid()
+    for _ in range(max_depth):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{ppid}/comm") as f:
+                comm = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            return None
+        if comm == "java":
+            return ppid
+        if ppid <= 1:
+            return None
+        pid = ppid
+    return None
+
+
+def tail(path: str, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])

@@ -1,0 +1,148 @@
+"""Typed clients of the tfos services: one method per request, one place for timeouts.
+
+* :class:`DriverClient`: agents, TF processes and feeding tasks talking to the driver's
+  control service. Requests are idempotent, so each opens a fresh authenticated connection
+  unless the client was opened for a series of requests (``with client.session():``).
+* :class:`FeedClient`: a feeding task's connection to one TF process's feed hub;
+  :func:`end_feed`: the driver telling a hub that a feed is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+from tfos.errors import TFOSTimeoutError
+from tfos.wire import messages as M
+from tfos.wire.channel import Channel
+
+
+class DriverClient:
+    def __init__(self, host: str, port: int, secret: str, cluster_id: str, node_index: int = -1):
+        self.host = host
+        self.port = port
+        self.secret = secret
+        self.cluster_id = cluster_id
+        self.node_index = node_index
+        self._ch: Channel | None = None
+
+    @classmethod
+    def for_node(cls, cfg: M.NodeConfig) -> "DriverClient":
+        c = cfg.cluster
+        return cls(c.driver_host, c.driver_port, c.secret, c.cluster_id, cfg.node_index)
+
+    @classmethod
+    def for_feed(cls, cfg: M.FeedConfig) -> "DriverClient":
+        return cls(cfg.driver_host, cfg.driver_port, cfg.secret, cfg.cluster_id)
+
+    # -- transport
+    @contextlib.contextmanager
+    def session(self, timeout: float = 60.0):
+        """Keep one connection open for the requests made inside the block."""
+        self._ch = Channel.connect(self.host, self.port, self.secret, timeout=timeout, what="tfos driver")
+        self._ch.settimeout(timeout)
+        try:
+            yield self
+        finally:
+            self._ch.close()
+            self._ch = None
+
+    def _request(self, msg, timeout: float = 10.0, setting: str = ""):
+        if self._ch is not None:
+            return self._ch.request(msg)
+        with Channel.connect(self.host, self.port, self.secret, timeout=min(timeout, 30.0), what="tfos driver",
+                             setting=setting) as ch:
+            ch.settimeout(timeout)
+            try:
+                return ch.request(msg)
+            except socket.timeout:
+                hint = f"; raise {setting}" if setting else ""
+                raise TFOSTimeoutError(f"no answer from the tfos driver at {self.host}:{self.port} within "
+                                       f"{timeout:.0f}s{hint}") from None
+
+    # -- TF process
+    def register(self, node: M.NodeInfo) -> None:
+        self._request(M.RegisterNode(self.cluster_id, node), timeout=30.0)
+
+    def cluster_spec(self, timeout: float) -> M.ClusterSpecReply:
+        """Wait (server side, up to ``timeout``) until every node registered."""
+        return self._request(M.GetClusterSpec(self.cluster_id, self.node_index, timeout), timeout=timeout + 30.0,
+                             setting="reservation_timeout")
+
+    def report(self, values: dict, events: list) -> None:
+        self._request(M.Report(self.cluster_id, self.node_index, values, events))
+
+    def feed_terminated(self, qname: str) -> None:
+        self._request(M.FeedTerminated(self.cluster_id, self.node_index, qname))
+
+    # -- agent
+    def agent_started(self, host: str, agent_pid: int, tf_pid: int, log_path: str) -> bool:
+        """Returns True if the driver already asked this node to stop."""
+        return self._request(M.AgentStarted(self.cluster_id, self.node_index, host, agent_pid, tf_pid,
+                                            log_path)).stop
+
+    def heartbeat(self, timeout: float = 5.0) -> bool:
+        """Returns True when the driver asks this node to stop."""
+        return self._request(M.Heartbeat(self.cluster_id, self.node_index), timeout=timeout).stop
+
+    def node_exited(self, exit_code: int, traceback: str, log_tail: str, log_path: str,
+                    stopped_by_driver: bool, reason: str) -> None:
+        self._request(M.NodeExited(self.cluster_id, self.node_index, exit_code, traceback, log_tail, log_path,
+                                   stopped_by_driver, reason))
+
+    # -- feeding task
+    def assign_chunk(self, feed_id: str, rows: int, failed_node: int = -1) -> int:
+        """The node that takes the next ``rows`` rows (-1: every node stopped reading)."""
+        return self._request(M.AssignChunk(self.cluster_id, feed_id, rows, failed_node)).node_index
+
+
+class FeedClient:
+    """A feeding task's stream of one partition into one node's feed hub."""
+
+    def __init__(self, node: int, host: str, port: int, secret: str, timeout: float):
+        self.node = node
+        self.address = f"{host}:{port}"
+        self.timeout = timeout
+        self.ch = Channel.connect(host, port, secret, timeout=min(60.0, timeout), what=f"feed of node {node}",
+                                  setting="feed_timeout", retry=False)
+        self.ch.settimeout(timeout)
+
+    def begin(self, feed_id: str, qname: str, partition: int, train: bool) -> None:
+        self.ch.send(M.FeedBegin(feed_id, qname, partition, train))
+
+    def send_batch(self, ipc_payload) -> None:
+        self.ch.send_data(ipc_payload)
+
+    def end_partition(self, rows: int) -> None:
+        self.ch.send(M.FeedPartitionEnd(rows))
+
+    def next_reply(self):
+        """The hub's next answer: a FeedAck, or (inference) ``(FeedResults, ipc_bytes)``."""
+        msg = self.ch.recv()
+        if isinstance(msg, M.FeedResults):
+            return msg, self.ch.recv_frame()[1]
+        return msg
+
+    def shutdown_io(self) -> None:
+        """Wake a reader blocked on this connection (the sender thread failed)."""
+        try:
+            self.ch.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.ch.close()
+
+
+def end_feed(host: str, port: int, secret: str, node: int, feed_id: str, qname: str, rows: int,
+             timeout: float, setting: str = "feed_timeout") -> M.FeedAck:
+    """Tell node ``node``'s feed hub that feed ``feed_id`` is complete (``rows`` were sent to it);
+    returns once the hub queued the end marker."""
+    with Channel.connect(host, port, secret, timeout=min(timeout, 30.0), what=f"feed of node {node}",
+                         setting=setting, retry=False) as ch:
+        ch.settimeout(timeout)
+        try:
+            return ch.request(M.FeedEnd(feed_id, qname, rows))
+        except socket.timeout:
+            raise TFOSTimeoutError(f"the feed of node {node} at {host}:{port} did not answer within "
+                                   f"{timeout:.0f}s; raise {setting}") from None

@@ -1,0 +1,105 @@
+"""The TCP listener behind every tfos server (the driver's control service, the TF processes'
+feed hubs): accept loop, connection cap, handshake deadline, one thread per connection.
+
+The OS picks the port (no bind-then-close race). The accept loop survives any accept error
+(e.g. EMFILE): it logs once per burst and keeps serving. Connections beyond
+``max_connections`` are closed at once. Each connection must finish the secret handshake
+within ``handshake_timeout``; then ``serve(channel)`` owns it until it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from tfos.errors import ChannelClosed, ProtocolError
+from tfos.wire.channel import MAX_DATA_FRAME, Channel
+
+logger = logging.getLogger(__name__)
+
+
+class Listener:
+    def __init__(self, secret: str, serve, name: str, bind_host: str = "0.0.0.0", max_connections: int = 256,
+                 handshake_timeout: float = 10.0, max_data_frame: int = MAX_DATA_FRAME, backlog: int = 64):
+        self.secret = secret
+        self._serve = serve
+        self.name = name
+        self.handshake_timeout = handshake_timeout
+        self.max_data_frame = max_data_frame
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._closed = threading.Event()
+        self._last_warning = 0.0
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((bind_host, 0))
+        self.sock.listen(backlog)
+        self.port = self.sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept_loop, name=f"tfos-{name}-accept", daemon=True)
+
+    def start(self) -> "Listener":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+
+    def _warn(self, text: str, *args) -> None:
+        """At most one warning per 10 s: a flood of bad connections is one log line, not thousands."""
+        now = time.monotonic()
+        if now - self._last_warning >= 10.0:
+            self._last_warning = now
+            logger.warning("tfos %s: " + text, self.name, *args)
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, addr = self.sock.accept()
+            except OSError as e:
+                if self._closed.is_set():
+                    return
+                self._warn("accept failed (%s); still serving", e)
+                time.sleep(0.1)
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._warn("too many connections; refusing %s:%s", *addr[:2])
+                conn.close()
+                continue
+            try:
+                threading.Thread(target=self._connection, args=(conn, addr), name=f"tfos-{self.name}-conn",
+                                 daemon=True).start()
+            except RuntimeError as e:  # cannot start a thread: drop this connection, keep serving
+                self._slots.release()
+                conn.close()
+                self._warn("cannot serve %s:%s: %s", addr[0], addr[1], e)
+
+    def _connection(self, conn: socket.socket, addr) -> None:
+        ch = Channel(conn, f"{addr[0]}:{addr[1]}", max_data_frame=self.max_data_frame)
+        try:
+            try:
+                ch.server_handshake(self.secret, self.handshake_timeout)
+            except (ProtocolError, OSError) as e:
+                self._warn("rejected a connection from %s: %s", ch.peer, e)
+                return
+            ch.settimeout(None)
+            try:
+                self._serve(ch)
+            except ChannelClosed:
+                pass
+            except (ProtocolError, OSError) as e:
+                self._warn("connection from %s failed: %s", ch.peer, e)
+            except Exception:
+                logger.exception("tfos %s: error serving %s", self.name, ch.peer)
+        finally:
+            ch.close()
+            self._slots.release()

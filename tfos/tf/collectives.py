@@ -1,0 +1,43 @@
+"""Settings of TensorFlow's collectives, shared by :mod:`tfos.tf.keras_dist` and the MWMS backend."""
+
+from __future__ import annotations
+
+COMMUNICATIONS = ("auto", "ring", "nccl")
+
+
+def check_communication(communication: str) -> str:
+    """The communication name in lower case; ValueError unless 'auto', 'ring' or 'nccl'."""
+    name = communication.lower() if isinstance(communication, str) else communication
+    if name not in COMMUNICATIONS:
+        raise ValueError(f"communication must be 'auto', 'ring' or 'nccl', not {communication!r}")
+    return name
+
+
+def communication_options(communication: str = "auto", bytes_per_pack: int = 0,
+                          timeout_seconds: float | None = None):
+    """``tf.distribute.experimental.CommunicationOptions`` for ``communication`` ('auto' | 'ring' |
+    'nccl', any case; ValueError otherwise), ``bytes_per_pack`` and ``timeout_seconds``."""
+    name = check_communication(communication)
+    import tensorflow as tf
+
+    impl = getattr(tf.distribute.experimental.CommunicationImplementation, name.upper())
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=int(bytes_per_pack), timeout_seconds=timeout_seconds, implementation=impl)
+
+
+def mwms_cluster_resolver():
+    """TF's ``TFConfigClusterResolver`` (TF_CONFIG from the environment), except that a job named
+    'master' (TF 1.x's name of the chief, ``master_node='master'``) reads as 'chief':
+    MultiWorkerMirroredStrategy rejects any other name. Every task renames it, so they agree."""
+    import tensorflow as tf
+
+    base = tf.distribute.cluster_resolver.TFConfigClusterResolver
+
+    class ChiefNamedResolver(base):
+        def cluster_spec(self):
+            jobs = super().cluster_spec().as_dict()
+            if "master" in jobs:
+                jobs["chief"] = jobs.pop("master")
+            return tf.train.ClusterSpec(jobs)
+
+    return ChiefNamedResolver(task_type="chief" if base().task_type == "master" else None)

@@ -1,5 +1,5 @@
 """tfos.data: listing, sharding, tf.data readers, the tf.train.Example codec and the Spark
-DataFrame <-> TFRecord helpers. Tests marked ``spark`` need the local-cluster fixture."""
+DataFrame <-> TFRecord helpers without Spark (tests/integration/test_data_spark.py runs them on Spark)."""
 
 import gzip
 import io
@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 
 from tfos import data
+from tfos.data import example, spark_io, tfrecord
+from tfos.data import fs as dfs
 from tfos.errors import ConfigError, FeedError, HadoopConfigError, TFOSError
+from tfos_test_data import spark_rows as _rows
+from tfos_test_data import spark_schema as _spark_schema
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,16 @@ def test_import_does_not_import_tensorflow():
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_public_names_stay_importable_from_the_package():
+    from tfos.data import load_tfrecords, rank_files  # noqa: F401
+
+    assert sorted(data.__all__) == sorted([
+        "list_files", "list_files_with_sizes", "shard", "shard_by_size", "rank_files", "tfrecord_dataset",
+        "parquet_dataset", "csv_dataset", "encode_example", "decode_example", "tfrecord_frame", "iter_tfrecords",
+        "save_as_tfrecords", "load_tfrecords"])
+    assert all(callable(getattr(data, name)) for name in data.__all__)
 
 
 # --------------------------------------------------------------------------- listing
@@ -115,7 +129,7 @@ def test_unknown_scheme_is_a_config_error():
 def no_hadoop(monkeypatch):
     for name in ("HADOOP_HOME", "CLASSPATH", "ARROW_LIBHDFS_DIR", "HADOOP_CONF_DIR", "JAVA_HOME"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(data, "_hadoop_command", lambda: None)
+    monkeypatch.setattr(dfs, "_hadoop_command", lambda: None)
 
 
 @pytest.mark.parametrize("uri", ["hdfs://127.0.0.1:1/data/train", "viewfs://cluster/data"])
@@ -137,8 +151,8 @@ def test_hdfs_connection_failure_is_wrapped(monkeypatch, no_hadoop):
     def refuse(uri):
         raise OSError("HDFS connection failed\nmore detail")
 
-    monkeypatch.setattr(data, "_libhdfs_loadable", lambda: True)
-    monkeypatch.setattr(data, "_from_uri", refuse)
+    monkeypatch.setattr(dfs, "_libhdfs_loadable", lambda: True)
+    monkeypatch.setattr(dfs, "_from_uri", refuse)
     with pytest.raises(HadoopConfigError, match=r"(?s)pyarrow: HDFS connection failed\).*namenode host:port"):
         data.list_files("hdfs://nn.example:8020/x")
 
@@ -150,10 +164,10 @@ def test_hadoop_classpath_is_set_from_the_hadoop_command(monkeypatch, tmp_path):
     script.chmod(0o755)
     monkeypatch.setenv("HADOOP_HOME", str(tmp_path))
     monkeypatch.delenv("CLASSPATH", raising=False)
-    data._ensure_hadoop_classpath()
+    dfs._ensure_hadoop_classpath()
     assert os.environ["CLASSPATH"] == "/opt/hadoop/a.jar:/opt/hadoop/b.jar"
     monkeypatch.setenv("CLASSPATH", "/x/hadoop-common.jar")  # already has Hadoop jars: left alone
-    data._ensure_hadoop_classpath()
+    dfs._ensure_hadoop_classpath()
     assert os.environ["CLASSPATH"] == "/x/hadoop-common.jar"
 
 
@@ -308,9 +322,24 @@ def test_decode_example_reads_tensorflow_examples(tf):
 
 
 def test_example_round_trip_without_tensorflow():
-    raw = data.encode_example({"a": [1, 2, 3], "b": 1.5, "c": ["x"], "d": np.zeros(0, np.int64)})
-    assert data.decode_example(raw) == {"a": [1, 2, 3], "b": [1.5], "c": [b"x"], "d": []}
+    raw = data.encode_example({"a": [1, 2, 3], "b": 1.5, "c": ["x"], "d": np.zeros(0, np.int64),
+                               "e": np.array([True, False]), "f": np.arange(2, dtype=np.uint8)})
+    assert data.decode_example(raw) == {"a": [1, 2, 3], "b": [1.5], "c": [b"x"], "d": [], "e": [1, 0], "f": [0, 1]}
+    assert list(data.decode_example(raw)) == ["a", "b", "c", "d", "e", "f"]  # sorted by name
     assert data.decode_example(data.encode_example({})) == {}
+    assert data.decode_example(memoryview(raw)) == data.decode_example(raw)
+
+
+def test_encode_example_is_deterministic():
+    a = data.encode_example({"x": 1, "y": [0.5], "z": "s"})
+    assert data.encode_example({"z": "s", "y": [0.5], "x": 1}) == a  # map entries sorted by key
+
+
+def test_example_classes_live_in_a_private_descriptor_pool():
+    from google.protobuf import descriptor_pool
+
+    assert example.Example.DESCRIPTOR.full_name == "tensorflow.Example"
+    assert example.Example.DESCRIPTOR.file.pool is not descriptor_pool.Default()
 
 
 @pytest.mark.parametrize("features,kinds,match", [
@@ -323,7 +352,8 @@ def test_encode_example_errors(features, kinds, match):
         data.encode_example(features, kinds)
 
 
-@pytest.mark.parametrize("raw", [b"\x0a\x05\x0a\x03", b"\x0a", b"\x0b\x00", b"\x0a\x80"])
+@pytest.mark.parametrize("raw", [b"\x0a\x05\x0a\x03", b"\x0a", b"\x0b\x00", b"\x0a\x80",
+                                 b"\x0a\x07\x0a\x05\x0a\x01\xff\x12\x00"])  # last: a key that is not UTF-8
 def test_decode_example_malformed(raw):
     with pytest.raises(FeedError, match="malformed"):
         data.decode_example(raw)
@@ -331,9 +361,21 @@ def test_decode_example_malformed(raw):
 
 # --------------------------------------------------------------------------- TFRecord framing
 
-def test_crc32c_known_value():
-    assert data._crc32c_python(b"123456789") == 0xE3069283
-    assert data._crc32c(b"123456789") == 0xE3069283
+def test_masked_crc32c_known_value():
+    # CRC-32C("123456789") is 0xE3069283 (the standard check value); TFRecord stores it masked:
+    # rotate right by 15 bits, add 0xA282EAD8.
+    assert tfrecord._masked_crc(b"123456789") == 0xC78AB0E5
+    assert tfrecord._masked_crc(b"") == 0xA282EAD8
+    framed = data.tfrecord_frame(b"123456789")
+    assert framed[:8] == (9).to_bytes(8, "little") and framed[12:21] == b"123456789"
+    assert framed[21:] == (0xC78AB0E5).to_bytes(4, "little")
+
+
+def test_tfrecord_frame_matches_tensorflow_writer(tf, tmp_path):
+    records = [b"", b"123456789", os.urandom(300)]
+    path = tmp_path / "r.tfrecord"
+    _write_tf_records(tf, path, records)
+    assert path.read_bytes() == b"".join(data.tfrecord_frame(r) for r in records)
 
 
 @pytest.mark.parametrize("compression,suffix", [(None, ""), ("GZIP", ".gz"), ("ZLIB", ".zlib")])
@@ -341,15 +383,15 @@ def test_python_writer_is_read_by_tensorflow(tf, tmp_path, compression, suffix):
     records = [b"", b"a", os.urandom(1000), b"z" * 70000]
     path = tmp_path / f"r.tfrecord{suffix}"
     with open(path, "wb") as f:
-        assert data._write_records_python(f, iter(records), data._norm_compression(compression)) == 4
+        assert tfrecord._write_records_python(f, iter(records), tfrecord._norm_compression(compression)) == 4
     got = [r.numpy() for r in tf.data.TFRecordDataset(str(path), compression_type=compression or "")]
     assert got == records
     with open(path, "rb") as f:  # and by our own reader (checksums verified)
-        raw = data._decompressing(f, data._norm_compression(compression))
+        raw = tfrecord._decompressing(f, tfrecord._norm_compression(compression))
         assert list(data.iter_tfrecords(raw, verify_checksums=True)) == records
 
 
-def test_iter_tfrecords_detects_corruption(tmp_path):
+def test_iter_tfrecords_detects_corruption():
     framed = bytearray(data.tfrecord_frame(b"hello") + data.tfrecord_frame(b"world"))
     assert list(data.iter_tfrecords(io.BytesIO(bytes(framed)), verify_checksums=True)) == [b"hello", b"world"]
     bad_len = bytearray(framed)
@@ -360,6 +402,8 @@ def test_iter_tfrecords_detects_corruption(tmp_path):
     bad_data[13] ^= 1
     with pytest.raises(FeedError, match="data checksum"):
         list(data.iter_tfrecords(io.BytesIO(bytes(bad_data)), verify_checksums=True))
+    with pytest.raises(FeedError, match="data checksum"):  # 'auto' (the default) verifies too
+        list(data.iter_tfrecords(io.BytesIO(bytes(bad_data))))
     assert list(data.iter_tfrecords(io.BytesIO(bytes(bad_data)), verify_checksums=False))[1] == b"world"
     with pytest.raises(FeedError, match="truncated"):
         list(data.iter_tfrecords(io.BytesIO(bytes(framed[:-3]))))
@@ -415,7 +459,7 @@ def test_tfrecord_dataset_compressed(tf, tmp_path, reader, compression, suffix):
     assert len(list(explicit)) == 600
 
 
-def test_tfrecord_dataset_options(tf, tmp_path):
+def test_tfrecord_dataset_options(tf):
     ds = data.tfrecord_dataset([], reader="arrow")
     assert list(ds) == [] and _policy_off(tf, ds)
     with pytest.raises(ConfigError, match="reader"):
@@ -575,54 +619,31 @@ def test_csv_dataset_header_with_own_names_and_delimiter(tf, tmp_path):
 
 # --------------------------------------------------------------------------- DataFrame <-> TFRecord, without Spark
 
-def _spark_schema():
-    T = pytest.importorskip("pyspark.sql.types")
-    from pyspark.ml.linalg import VectorUDT
-
-    return T.StructType([
-        T.StructField("id", T.LongType()), T.StructField("small", T.IntegerType()),
-        T.StructField("flag", T.BooleanType()), T.StructField("x", T.DoubleType()),
-        T.StructField("name", T.StringType()), T.StructField("raw", T.BinaryType()),
-        T.StructField("arr", T.ArrayType(T.FloatType())), T.StructField("words", T.ArrayType(T.StringType())),
-        T.StructField("vec", VectorUDT()),
-    ])
-
-
-def _rows():
-    from pyspark.ml.linalg import DenseVector, SparseVector
-    from pyspark.sql import Row
-
-    R = Row("id", "small", "flag", "x", "name", "raw", "arr", "words", "vec")
-    return [R(1, 2, True, 0.5, "a", b"\x01", [1.0, 2.0], ["p", "q"], DenseVector([1.0, 2.0])),
-            R(2, None, False, None, None, None, [], None, SparseVector(2, {1: 3.0})),
-            R(-3, -4, None, 1e3, "ü", b"", None, [], None)]
-
-
 def test_encode_and_decode_plans():
     schema = _spark_schema()
-    assert data._encode_plan(schema) == [
+    assert spark_io._encode_plan(schema) == [
         ("id", "int64", "scalar"), ("small", "int64", "scalar"), ("flag", "int64", "scalar"),
         ("x", "float", "scalar"), ("name", "bytes", "scalar"), ("raw", "bytes", "scalar"),
         ("arr", "float", "list"), ("words", "bytes", "list"), ("vec", "float", "vector")]
-    assert [t for _, t, _ in data._decode_plan(schema)] == ["int", "int", "bool", "float", "str", "bytes", "float",
+    assert [t for _, t, _ in spark_io._decode_plan(schema)] == ["int", "int", "bool", "float", "str", "bytes", "float",
                                                              "str", "float"]
     T = pytest.importorskip("pyspark.sql.types")
     for dt in (T.TimestampType(), T.DecimalType(10, 2), T.ArrayType(T.ArrayType(T.LongType())),
                T.MapType(T.StringType(), T.LongType())):
         bad = T.StructType([T.StructField("c", dt)])
         with pytest.raises(ConfigError, match="'c'"):
-            data._encode_plan(bad)
+            spark_io._encode_plan(bad)
         with pytest.raises(ConfigError, match="'c'"):
-            data._decode_plan(bad)
+            spark_io._decode_plan(bad)
 
 
 def test_rows_round_trip_through_examples(tf):
     schema = _spark_schema()
-    enc, dec = data._encode_plan(schema), data._decode_plan(schema)
-    raws = [data._encode_row(r, enc) for r in _rows()]
+    enc, dec = spark_io._encode_plan(schema), spark_io._decode_plan(schema)
+    raws = [spark_io._encode_row(r, enc) for r in _rows()]
     first = tf.train.Example.FromString(raws[0]).features.feature
     assert list(first["vec"].float_list.value) == [1.0, 2.0] and list(first["flag"].int64_list.value) == [1]
-    back = [data._example_to_row(data.decode_example(r), dec) for r in raws]
+    back = [spark_io._example_to_row(data.decode_example(r), dec) for r in raws]
     assert back[0][:7] == (1, 2, True, 0.5, "a", b"\x01", [1.0, 2.0]) and back[0][7] == ["p", "q"]
     assert list(back[0][8]) == [1.0, 2.0]
     assert back[1][:8] == (2, None, False, None, None, None, [], None) and list(back[1][8]) == [0.0, 3.0]
@@ -631,13 +652,13 @@ def test_rows_round_trip_through_examples(tf):
 
 def test_example_to_row_errors():
     T = pytest.importorskip("pyspark.sql.types")
-    plan = data._decode_plan(T.StructType([T.StructField("a", T.LongType())]))
+    plan = spark_io._decode_plan(T.StructType([T.StructField("a", T.LongType())]))
     with pytest.raises(ConfigError, match="declare it as an array"):
-        data._example_to_row({"a": [1, 2]}, plan)
+        spark_io._example_to_row({"a": [1, 2]}, plan)
     with pytest.raises(ConfigError, match="declare float/double"):
-        data._example_to_row({"a": [1.5]}, plan)
+        spark_io._example_to_row({"a": [1.5]}, plan)
     with pytest.raises(ConfigError, match="null element"):
-        data._encode_row((["x", None],), [("w", "bytes", "list")])
+        spark_io._encode_row((["x", None],), [("w", "bytes", "list")])
 
 
 @pytest.mark.parametrize("engine", ["python", "tensorflow"])
@@ -645,16 +666,16 @@ def test_example_to_row_errors():
 def test_write_partition_and_decode_file_without_spark(tf, tmp_path, engine, compression):
     schema = _spark_schema()
     out = tmp_path / "out"
-    fs, path, prefix = data._resolve(_uri(out))
-    data._prepare_output(fs, path, _uri(out), "error")
-    spec = {"uri": _uri(out), "plan": data._encode_plan(schema), "compression": data._norm_compression(compression),
+    fs, path, prefix = dfs._resolve(_uri(out))
+    spark_io._prepare_output(fs, path, _uri(out), "error")
+    spec = {"uri": _uri(out), "plan": spark_io._encode_plan(schema), "compression": tfrecord._norm_compression(compression),
             "engine": engine}
     rows = _rows()
     ext = ".tfrecord" + (".gz" if compression else "")
-    assert data._write_partition(spec, 3, iter(rows)) == [(_uri(out / f"part-00003{ext}"), 3)]
-    assert data._write_partition(spec, 3, iter(rows[:1])) == [(_uri(out / f"part-00003{ext}"), 1)]  # a retry replaces
-    assert data._write_partition(spec, 4, iter([])) == []  # empty partitions write no file
-    data._commit_output(fs, path)
+    assert spark_io._write_partition(spec, 3, iter(rows)) == [(_uri(out / f"part-00003{ext}"), 3)]
+    assert spark_io._write_partition(spec, 3, iter(rows[:1])) == [(_uri(out / f"part-00003{ext}"), 1)]  # a retry replaces
+    assert spark_io._write_partition(spec, 4, iter([])) == []  # empty partitions write no file
+    spark_io._commit_output(fs, path)
     assert sorted(os.listdir(out)) == ["_SUCCESS", f"part-00003{ext}"]
     assert data.list_files(_uri(out)) == [_uri(out / f"part-00003{ext}")]
     # TensorFlow reads the file (checksums and compression verified)
@@ -662,174 +683,32 @@ def test_write_partition_and_decode_file_without_spark(tf, tmp_path, engine, com
                                                           compression_type=compression or "")]
     assert tf.train.Example.FromString(raw).features.feature["name"].bytes_list.value[0] == b"a"
     content = (out / f"part-00003{ext}").read_bytes()
-    (row,) = data._decode_file(data._decode_plan(schema), "auto", ("file:" + str(out / f"part-00003{ext}"), content))
+    (row,) = spark_io._decode_file(spark_io._decode_plan(schema), "auto", ("file:" + str(out / f"part-00003{ext}"), content))
     assert row[:5] == (1, 2, True, 0.5, "a")
-    assert list(data._decode_file([], "auto", ("file:/x/_SUCCESS", b""))) == []
+    assert list(spark_io._decode_file([], "auto", ("file:/x/_SUCCESS", b""))) == []
 
 
 def test_prepare_output_modes(tmp_path):
     out = tmp_path / "o"
-    fs, path, _ = data._resolve(str(out))
-    data._prepare_output(fs, path, str(out), "error")  # creates it
-    data._prepare_output(fs, path, str(out), "error")  # empty: fine
+    fs, path, _ = dfs._resolve(str(out))
+    spark_io._prepare_output(fs, path, str(out), "error")  # creates it
+    spark_io._prepare_output(fs, path, str(out), "error")  # empty: fine
     _touch(out / "part-00000.tfrecord", 1)
     with pytest.raises(ConfigError, match="mode='overwrite'"):
-        data._prepare_output(fs, path, str(out), "error")
-    data._prepare_output(fs, path, str(out), "overwrite")
+        spark_io._prepare_output(fs, path, str(out), "error")
+    spark_io._prepare_output(fs, path, str(out), "overwrite")
     assert os.listdir(out) == []
     with pytest.raises(ConfigError, match="mode must be"):
-        data._prepare_output(fs, path, str(out), "append")
+        spark_io._prepare_output(fs, path, str(out), "append")
     with pytest.raises(ConfigError, match="root directory"):
-        data._prepare_output(fs, "/", "file:///", "overwrite")
+        spark_io._prepare_output(fs, "/", "file:///", "overwrite")
 
 
 def test_tfos_error_recovered_from_spark_error_text():
     text = ("An error occurred while calling o123.collectAndServe.\nTraceback (most recent call last):\n"
             "  File ...\ntfos.errors.ConfigError: column 'a' holds an array with a null element\n\tat org...")
-    err = data._tfos_error_from(RuntimeError(text))
-    assert type(err) is ConfigError and "null element" in str(err)
+    err = spark_io._task_error(RuntimeError(text))
+    assert type(err) is ConfigError and str(err) == ("column 'a' holds an array with a null element "
+                                                     "(raised in a Spark task)")
     other = RuntimeError("boom")
-    assert data._tfos_error_from(other) is other
-
-
-class _FakeRDD:
-    """Just enough of an RDD to run the driver code of save/load_tfrecords without Spark: task
-    functions are pickled with Spark's cloudpickle, as Spark would ship them."""
-
-    def __init__(self, partitions):
-        self.partitions = partitions
-
-    def _ship(self, fn):
-        from pyspark import cloudpickle
-
-        return cloudpickle.loads(cloudpickle.dumps(fn))
-
-    def mapPartitionsWithIndex(self, fn):
-        fn = self._ship(fn)
-        return _FakeRDD([list(fn(i, iter(p))) for i, p in enumerate(self.partitions)])
-
-    def flatMap(self, fn):
-        fn = self._ship(fn)
-        return _FakeRDD([[y for x in p for y in fn(x)] for p in self.partitions])
-
-    def collect(self):
-        return [x for p in self.partitions for x in p]
-
-
-class _FakeSpark:
-    def __init__(self):
-        self.sparkContext = types.SimpleNamespace(master="local[2]", binaryFiles=self._binary_files)
-        self.sparkSession = self
-
-    def _binary_files(self, paths, minPartitions=None):
-        files = []
-        for p in paths.split(","):
-            assert p.startswith("file:///"), p
-            local = p[len("file://"):]
-            names = sorted(os.listdir(local)) if os.path.isdir(local) else [None]
-            for n in names:
-                path = os.path.join(local, n) if n else local
-                files.append(("file:" + path, open(path, "rb").read()))
-        return _FakeRDD([files])
-
-    def createDataFrame(self, rows, schema):
-        return types.SimpleNamespace(schema=schema, rows=rows.collect() if isinstance(rows, _FakeRDD) else rows)
-
-
-def _fake_df(rows, schema, num_partitions=2):
-    parts = [rows[i::num_partitions] for i in range(num_partitions)]
-    return types.SimpleNamespace(schema=schema, rdd=_FakeRDD(parts), sparkSession=_FakeSpark())
-
-
-def test_save_and_load_driver_code_with_a_fake_spark(tf, tmp_path):
-    schema = _spark_schema()
-    rows = _rows()
-    df = _fake_df(rows, schema, num_partitions=3)
-    out = tmp_path / "saved"
-    written = data.save_as_tfrecords(df, str(out), engine="python")
-    assert written == [(str(out / f"part-{i:05d}.tfrecord"), 1) for i in range(3)]
-    assert sorted(os.listdir(out)) == ["_SUCCESS"] + [f"part-{i:05d}.tfrecord" for i in range(3)]
-    with pytest.raises(ConfigError, match="already exists"):
-        data.save_as_tfrecords(df, str(out))
-    written = data.save_as_tfrecords(_fake_df(rows, schema, 1), _uri(out), mode="overwrite", compression="ZLIB")
-    assert written == [(_uri(out / "part-00000.tfrecord.zlib"), 3)]
-    loaded = data.load_tfrecords(_FakeSpark(), str(out), schema)
-    assert [r[0] for r in loaded.rows] == [1, 2, -3] and loaded.rows[2][4] == "ü"
-    assert [r.numpy() for r in data.tfrecord_dataset(data.list_files(_uri(out)))][0] == data._encode_row(
-        rows[0], data._encode_plan(schema))
-
-
-def test_save_as_tfrecords_task_error_is_raised_as_config_error(tmp_path):
-    T = pytest.importorskip("pyspark.sql.types")
-    schema = T.StructType([T.StructField("w", T.ArrayType(T.StringType()))])
-    out = tmp_path / "bad"
-
-    class FailingRDD(_FakeRDD):
-        def mapPartitionsWithIndex(self, fn):
-            try:
-                return super().mapPartitionsWithIndex(fn)
-            except Exception as e:  # what reaches the driver: a Py4J error holding the Python traceback
-                import traceback
-
-                raise RuntimeError("Job aborted.\n" + "".join(traceback.format_exception(e))) from None
-
-    df = types.SimpleNamespace(schema=schema, rdd=FailingRDD([[(["a", None],)]]), sparkSession=_FakeSpark())
-    with pytest.raises(ConfigError, match="null element.*raised in a Spark task"):
-        data.save_as_tfrecords(df, str(out), engine="python")
-    assert os.listdir(out) == []  # _temporary cleaned up, no _SUCCESS
-
-
-# --------------------------------------------------------------------------- Spark (run by the integrator)
-
-@pytest.mark.spark
-def test_save_and_load_tfrecords_round_trip(spark, tmp_path):
-    schema = _spark_schema()
-    df = spark.createDataFrame(_rows(), schema).repartition(2)
-    out = _uri(tmp_path / "tfr")
-    written = data.save_as_tfrecords(df, out)
-    assert sum(n for _, n in written) == 3 and 1 <= len(written) <= 2
-    names = sorted(os.listdir(tmp_path / "tfr"))
-    assert "_SUCCESS" in names and "_temporary" not in names
-    assert [u for u, _ in written] == data.list_files(out)
-    back = sorted(data.load_tfrecords(spark, out, schema).collect(), key=lambda r: r.id)
-    assert [r.id for r in back] == [-3, 1, 2]
-    assert back[1].name == "a" and back[1].arr == [1.0, 2.0] and list(back[1].vec) == [1.0, 2.0]
-    assert back[2].small is None and back[2].arr == [] and list(back[2].vec) == [0.0, 3.0]
-    assert back[0].name == "ü" and back[0].words == [] and back[0].vec is None
-    ddl = data.load_tfrecords(spark, out, "id long, x double").orderBy("id").collect()
-    assert [(r.id, r.x) for r in ddl] == [(-3, 1000.0), (1, 0.5), (2, None)]
-
-
-@pytest.mark.spark
-def test_save_as_tfrecords_modes_compression_and_tf_read(spark, tmp_path, tf):
-    df = spark.range(0, 40, numPartitions=4).selectExpr("id", "cast(id as float) * 0.5 as x",
-                                                        "array(id, id + 1) as pair")
-    out = str(tmp_path / "gz")
-    written = data.save_as_tfrecords(df, out, compression="GZIP")
-    assert len(written) == 4 and all(u.endswith(".tfrecord.gz") for u, _ in written)
-    with pytest.raises(ConfigError, match="already exists"):
-        data.save_as_tfrecords(df, out)
-    written = data.save_as_tfrecords(df.coalesce(2), out, mode="overwrite", compression="GZIP")
-    assert len(written) == 2
-    files = data.list_files(out)
-    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "x": tf.io.FixedLenFeature([], tf.float32),
-            "pair": tf.io.FixedLenFeature([2], tf.int64)}
-    shards = [data.shard(files, r, 2) for r in range(2)]
-    ids = sorted(int(e["id"]) for s in shards for e in data.tfrecord_dataset(s, features=spec))
-    assert ids == list(range(40))
-    assert data.load_tfrecords(spark, out, "id long, x float, pair array<long>").count() == 40
-
-
-@pytest.mark.spark
-def test_save_as_tfrecords_errors(spark, tmp_path):
-    df = spark.sql("select current_timestamp() as t")
-    with pytest.raises(ConfigError, match="timestamps/dates to long"):
-        data.save_as_tfrecords(df, str(tmp_path / "t"))
-    nulls = spark.sql("select array('a', null) as w")
-    with pytest.raises(ConfigError, match="null element"):
-        data.save_as_tfrecords(nulls, str(tmp_path / "n"))
-    assert not (tmp_path / "n" / "_temporary").exists()
-    many = spark.createDataFrame([([1, 2],)], "a array<long>")
-    data.save_as_tfrecords(many, str(tmp_path / "m"))
-    with pytest.raises(Exception, match="declare it as an array"):
-        data.load_tfrecords(spark, str(tmp_path / "m"), "a long").collect()
+    assert spark_io._task_error(other) is other

@@ -1,0 +1,127 @@
+"""tfos.wire.arrow: rows <-> Arrow batches and the Arrow -> numpy column converter (pure, no Spark)."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tfos.errors import ConfigError, FeedError
+from tfos.wire import arrow as A
+
+
+def test_tuple_rows_with_vectors_become_fixed_size_lists_and_back():
+    rows = [(np.arange(6, dtype=np.float32).reshape(2, 3) + i, i, f"s{i}") for i in range(5)]
+    b = A.rows_to_batch(rows)
+    assert pa.types.is_fixed_size_list(b.column(0).type) and b.column(0).type.list_size == 6
+    x = A.column_to_numpy(b.column(0), b.schema.field(0))
+    assert x.shape == (5, 2, 3) and x.dtype == np.float32
+    np.testing.assert_array_equal(x[3], rows[3][0])
+    back = A.batch_to_rows(A.from_ipc(A.to_ipc(b)))
+    assert [r[1] for r in back] == list(range(5)) and back[2][2] == "s2"
+
+
+def test_dict_and_scalar_rows_keep_their_shape():
+    d = A.batch_to_rows(A.rows_to_batch([{"a": 1, "b": [1.0, 2.0]}, {"a": 2, "b": [3.0, 4.0]}]))
+    assert d[1]["a"] == 2 and list(d[1]["b"]) == [3.0, 4.0]
+    assert A.batch_to_rows(A.rows_to_batch([1.5, 2.5])) == [1.5, 2.5]
+
+
+def test_input_mapping():
+    b = A.rows_to_batch([{"img": [1, 2], "label": 0}, {"img": [3, 4], "label": 1}])
+    m = A.batch_to_rows(b, {"img": "x", "label": "y"})
+    assert list(m["y"]) == [0, 1] and list(m["x"][1]) == [3, 4]
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([(np.zeros(3), 1), (np.zeros(4), 2), (np.zeros(3), 3)], r"partition 7, row 11, column '_0' \(position 0\): expected shape \(3,\), got \(4,\)"),
+    ([(np.zeros(3), 1), (np.zeros(3), "x")], r"partition 7, row 11, column '_1' \(position 1\): expected int, got str"),
+    ([(1, 2), (1, 2, 3)], r"partition 7, row 11: expected 2 fields, got 3"),
+    ([{"a": 1}, {"b": 1}], r"partition 7, row 11: expected keys \['a'\], got \['b'\]"),
+    ([(1, 2), 5], r"partition 7, row 11: expected a tuple row"),
+])
+def test_bad_rows_name_partition_row_and_column(rows, match):
+    with pytest.raises(FeedError, match=match):
+        A.rows_to_batch(rows, partition=7, first_row=10)
+
+
+def test_variable_lists_from_dataframes_must_be_uniform_to_batch():
+    col = pa.array([[1.0, 2.0], [3.0, 4.0]])
+    np.testing.assert_array_equal(A.column_to_numpy(col, pa.field("f", col.type)), [[1, 2], [3, 4]])
+    ragged = pa.array([[1.0], [3.0, 4.0]])
+    with pytest.raises(FeedError, match="different lengths"):
+        A.column_to_numpy(ragged, pa.field("f", ragged.type))
+
+
+@pytest.mark.parametrize("results,expected", [
+    ([1, 2, 3], [1, 2, 3]),
+    (np.array([0.5, 1.5]), [0.5, 1.5]),
+    (np.array([[1, 2], [3, 4]], np.float32), [[1.0, 2.0], [3.0, 4.0]]),
+    ([np.int64(4), np.float32(2.5)], [4, 2.5]),
+    ([{"p": 1}, {"p": 2}], [{"p": 1}, {"p": 2}]),
+])
+def test_results_to_batch(results, expected):
+    assert A.results_to_batch(results).column(0).to_pylist() == expected
+
+
+# --------------------------------------------------------------------------- column_to_numpy
+
+def _shaped(values, shape):
+    flat = pa.array(np.asarray(values, np.float32).reshape(-1))
+    arr = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(shape)))
+    return arr, pa.field("img", arr.type, metadata={A.SHAPE: ",".join(map(str, shape)).encode()})
+
+
+@pytest.mark.parametrize("col,expected", [
+    (pa.array([1, 2, 3], pa.int32()), np.array([1, 2, 3], np.int32)),
+    (pa.array([0.5, 1.5], pa.float64()), np.array([0.5, 1.5])),
+    (pa.array([True, False]), np.array([True, False])),
+    (pa.array(["a", "ü"]), np.array(["a", "ü"], dtype=object)),
+    (pa.array(["a", "b"], pa.large_string()), np.array(["a", "b"], dtype=object)),
+    (pa.array([b"\x00", b""]), np.array([b"\x00", b""], dtype=object)),
+    (pa.array([b"x"], pa.large_binary()), np.array([b"x"], dtype=object)),
+    (pa.array([b"ab", b"cd"], pa.binary(2)), np.array([b"ab", b"cd"], dtype=object)),
+    (pa.array(["x", "y", "x"]).dictionary_encode(), np.array(["x", "y", "x"], dtype=object)),
+    (pa.array([[1, 2], [3, 4]], pa.list_(pa.int64())), np.array([[1, 2], [3, 4]])),
+    (pa.array([[1, 2], [3, 4]], pa.large_list(pa.int64())), np.array([[1, 2], [3, 4]])),
+    (pa.array([[[1], [2]], [[3], [4]]], pa.list_(pa.list_(pa.int8()))), np.array([[[1], [2]], [[3], [4]]], np.int8)),
+    (pa.array([[1.0, 2.0, 3.0]], pa.list_(pa.float32(), 3)), np.array([[1, 2, 3]], np.float32)),
+    (pa.array([["a", "b"]], pa.list_(pa.string())), np.array([["a", "b"]], dtype=object)),
+    (pa.array([[], []], pa.list_(pa.int64())), np.zeros((2, 0), np.int64)),
+    (pa.array([], pa.list_(pa.int64())), np.zeros((0, 0), np.int64)),
+    (pa.array([[9], [1, 2], [3, 4]], pa.list_(pa.int64())).slice(1), np.array([[1, 2], [3, 4]])),
+])
+def test_column_to_numpy_table(col, expected):
+    got = A.column_to_numpy(col, "c")
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    assert [type(v) for v in got.reshape(-1)] == [type(v) for v in expected.reshape(-1)]
+    np.testing.assert_array_equal(got, expected)
+    assert A.column_to_numpy(col, pa.field("c", col.type)).shape == expected.shape  # a field works too
+
+
+def test_column_to_numpy_restores_nd_rows_from_shape_metadata():
+    values = np.arange(12).reshape(2, 2, 3)
+    col, field = _shaped(values, (2, 3))
+    got = A.column_to_numpy(col, field)
+    assert got.shape == (2, 2, 3) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, values)
+    assert A.column_to_numpy(col, "img").shape == (2, 6)  # without the metadata: (rows, list_size)
+    assert A.column_to_numpy(col.slice(1), field).shape == (1, 2, 3)
+    bad = pa.field("img", col.type, metadata={A.SHAPE: b"4,2"})
+    with pytest.raises(FeedError, match=r"'img'.*tfos.shape"):
+        A.column_to_numpy(col, bad)
+
+
+@pytest.mark.parametrize("col,error,match", [
+    (pa.array([1.0, None]), FeedError, r"column 'c' has 1 null value"),
+    (pa.array(["a", None]), FeedError, r"column 'c' has 1 null value"),
+    (pa.array([[1.0], None]), FeedError, r"column 'c' has 1 null value"),
+    (pa.array([[1.0, None]]), FeedError, r"column 'c' has 1 null value"),  # a null inside a list
+    (pa.array(["x", None]).dictionary_encode(), FeedError, r"column 'c' has 1 null value"),
+    (pa.array([[1], [1, 2, 3], [4, 5]]), FeedError, r"column 'c' holds lists of different lengths \(1\.\.3\)"),
+    (pa.array([[[1], [1, 2]]]), FeedError, r"column 'c' holds lists of different lengths \(1\.\.2\)"),
+    (pa.array([0], pa.timestamp("s")), ConfigError, r"column 'c' has Arrow type timestamp.*timestamps/dates to long"),
+    (pa.array([1], pa.decimal128(5, 2)), ConfigError, r"column 'c' has Arrow type decimal.*decimals to double"),
+    (pa.array([{"a": 1}]), ConfigError, r"column 'c' has Arrow type struct.*structs to separate columns"),
+])
+def test_column_to_numpy_errors_name_the_column(col, error, match):
+    with pytest.raises(error, match=match):
+        A.column_to_numpy(col, pa.field("c", col.type))

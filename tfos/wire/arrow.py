@@ -1,0 +1,244 @@
+"""Python rows and numpy columns <-> Arrow record batches and IPC frames (no TensorFlow, no pickle).
+
+Runs in the feeding Spark tasks (rows -> batches, :func:`rows_to_batch`), in the TF process
+(batches -> rows or numpy columns: the feed consumer, the ``tfos.data`` readers) and in the
+inference Spark tasks (results -> batches). Row shapes are remembered in the schema metadata key
+``tfos.row``: ``tuple`` (tuples, lists, pyspark Rows), ``dict``, or ``scalar`` (anything else, one
+column); the per-row shape of a vector column in the field metadata key ``tfos.shape``.
+
+:func:`column_to_numpy` is the library's one Arrow -> numpy column converter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from tfos.errors import ConfigError, FeedError
+
+__all__ = ["ROW_KIND", "SHAPE", "rows_to_batch", "batch_to_rows", "column_to_numpy", "to_ipc", "from_ipc",
+           "results_to_batch"]
+
+ROW_KIND = b"tfos.row"
+SHAPE = b"tfos.shape"
+
+
+def _row_kind(row) -> str:
+    if isinstance(row, dict):
+        return "dict"
+    if isinstance(row, (tuple, list)):
+        return "tuple"
+    return "scalar"
+
+
+def _columns(rows, kind: str):
+    first = rows[0]
+    if kind == "dict":
+        names = list(first.keys())
+        if any(len(r) != len(names) for r in rows):
+            raise KeyError("keys differ")
+        return names, [[r[k] for r in rows] for k in names]
+    if kind == "tuple":
+        names = list(getattr(first, "__fields__", None) or [f"_{j}" for j in range(len(first))])
+        width = len(first)
+        if any(len(r) != width for r in rows):
+            raise IndexError("widths differ")
+        return names, [[r[j] for r in rows] for j in range(width)]
+    return ["_0"], [rows]
+
+
+def _to_array(values):
+    """One column of Python values -> (pa.Array, per-row shape or None)."""
+    first = values[0]
+    if isinstance(first, (np.ndarray, list, tuple)):
+        arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
+        if arr.dtype == object or arr.ndim < 2 or arr.dtype.kind not in "biuf":
+            raise ValueError("ragged or non-numeric vectors")
+        shape = arr.shape[1:]
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat), int(np.prod(shape))), shape
+    if isinstance(first, (bytes, bytearray)):
+        return pa.array(values, type=pa.binary()), None
+    if isinstance(first, str):
+        return pa.array(values, type=pa.string()), None
+    arr = np.asarray(values)
+    if arr.dtype == object or arr.ndim != 1 or arr.dtype.kind not in "biuf":
+        raise ValueError("mixed or non-scalar values")
+    return pa.array(arr), None
+
+
+def rows_to_batch(rows: list, partition: int = -1, first_row: int = 0) -> pa.RecordBatch:
+    """Convert a chunk of rows of one shape into a record batch.
+
+    Raises FeedError naming the partition, the row index within the partition and the column
+    when a row does not match the first row's layout or a value cannot be converted.
+    """
+    kind = _row_kind(rows[0])
+    try:
+        names, cols = _columns(rows, kind)
+    except (KeyError, IndexError, TypeError):
+        bad = _find_bad_row(rows, kind)
+        raise FeedError(f"partition {partition}, row {first_row + bad[0]}: {bad[1]}") from None
+    arrays, fields = [], []
+    for j, (name, values) in enumerate(zip(names, cols)):
+        try:
+            arr, shape = _to_array(values)
+        except (ValueError, TypeError, pa.ArrowException) as e:
+            i, why = _find_bad_value(values)
+            raise FeedError(f"partition {partition}, row {first_row + i}, column {name!r} (position {j}): {why or e}") from None
+        meta = {SHAPE: ",".join(map(str, shape)).encode()} if shape is not None else None
+        fields.append(pa.field(name, arr.type, metadata=meta))
+        arrays.append(arr)
+    schema = pa.schema(fields, metadata={ROW_KIND: kind.encode()})
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _describe(v) -> str:
+    if isinstance(v, np.ndarray):
+        return f"ndarray{v.shape} of {v.dtype}"
+    if isinstance(v, (list, tuple)):
+        return f"{type(v).__name__} of length {len(v)}"
+    return type(v).__name__
+
+
+def _find_bad_row(rows, kind):
+    ref = rows[0]
+    for i, r in enumerate(rows):
+        if _row_kind(r) != kind:
+            return i, f"expected a {kind} row like row 0, got {_describe(r)}"
+        if kind == "tuple" and len(r) != len(ref):
+            return i, f"expected {len(ref)} fields, got {len(r)}"
+        if kind == "dict" and set(r) != set(ref):
+            return i, f"expected keys {sorted(ref)}, got {sorted(r)}"
+    return 0, "rows could not be split into columns"
+
+
+def _find_bad_value(values):
+    ref = values[0]
+    for i, v in enumerate(values):
+        if isinstance(ref, (np.ndarray, list, tuple)):
+            if not isinstance(v, (np.ndarray, list, tuple)):
+                return i, f"expected {_describe(ref)}, got {_describe(v)}"
+            if np.shape(v) != np.shape(ref):
+                return i, f"expected shape {np.shape(ref)}, got {np.shape(v)}"
+            try:
+                np.asarray(v, dtype=np.float64)
+            except (TypeError, ValueError):
+                return i, f"non-numeric vector: {_describe(v)}"
+        elif type(v) is not type(ref) and not (isinstance(v, (int, float, np.number)) and
+                                                isinstance(ref, (int, float, np.number)) and
+                                                not isinstance(v, bool)):
+            return i, f"expected {type(ref).__name__}, got {_describe(v)}"
+    return 0, None
+
+
+# --------------------------------------------------------------------------- Arrow column -> numpy
+
+def column_to_numpy(col: pa.Array, field_or_name) -> np.ndarray:
+    """One Arrow column -> a numpy array of shape ``(rows, ...)``, without per-row Python work.
+
+    ``field_or_name`` is the column's ``pa.Field`` (its ``tfos.shape`` metadata, written by
+    :func:`rows_to_batch`, restores N-D rows) or just its name (used in error messages).
+
+    * nulls: :class:`~tfos.errors.FeedError` naming the column (tensors cannot hold nulls);
+    * dictionary-encoded columns are decoded first;
+    * fixed-size lists: ``(rows, *tfos.shape)`` if the field has that metadata, else
+      ``(rows, list_size, ...)``;
+    * lists / large lists of one uniform length: ``(rows, width, ...)``; lists of different
+      lengths raise FeedError naming the column and the length range;
+    * strings: object array of ``str``; binaries (also large and fixed-size): object array of ``bytes``;
+    * integers, floats, booleans: arrays of that dtype;
+    * anything else (timestamps, decimals, structs, ...): :class:`~tfos.errors.ConfigError`
+      saying how to cast it.
+    """
+    if isinstance(field_or_name, pa.Field):
+        shape = (field_or_name.metadata or {}).get(SHAPE)
+        row_shape = tuple(int(s) for s in shape.decode().split(",")) if shape else None
+        return _to_numpy(col, field_or_name.name, row_shape)
+    return _to_numpy(col, str(field_or_name), None)
+
+
+def _to_numpy(arr: pa.Array, name: str, row_shape) -> np.ndarray:
+    t = arr.type
+    if arr.null_count:
+        raise FeedError(f"column {name!r} has {arr.null_count} null value(s); tensors cannot hold nulls. "
+                        "Fill or drop them first (df.fillna / df.dropna), or leave the column out.")
+    if pa.types.is_dictionary(t):
+        return _to_numpy(arr.dictionary_decode(), name, row_shape)
+    if pa.types.is_fixed_size_list(t):
+        inner = _to_numpy(arr.flatten(), name, None)
+        per_row = (t.list_size,) + inner.shape[1:]
+        if row_shape is not None:
+            if int(np.prod(row_shape)) != int(np.prod(per_row)):
+                raise FeedError(f"column {name!r}: its tfos.shape metadata {row_shape} does not match its "
+                                f"{int(np.prod(per_row))} values per row")
+            per_row = row_shape
+        return inner.reshape((len(arr),) + tuple(per_row))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        lengths = np.diff(np.asarray(arr.offsets))
+        if len(lengths) and not np.all(lengths == lengths[0]):
+            raise FeedError(f"column {name!r} holds lists of different lengths ({int(lengths.min())}.."
+                            f"{int(lengths.max())}); a batch of them is not a tensor. Pad or cut them to one "
+                            "length first, or store them as TFRecords and parse with "
+                            "tf.io.VarLenFeature / RaggedFeature.")
+        inner = _to_numpy(arr.flatten(), name, None)
+        width = int(lengths[0]) if len(lengths) else 0
+        return inner.reshape((len(arr), width) + inner.shape[1:])
+    if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+            or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        return arr.to_numpy(zero_copy_only=False)
+    raise ConfigError(f"column {name!r} has Arrow type {t}, which has no tensor equivalent here. Cast it first "
+                      "(timestamps/dates to long, decimals to double, Spark ML vectors to arrays with "
+                      "pyspark.ml.functions.vector_to_array, structs to separate columns) or leave it out "
+                      "(columns=[...] in the tfos.data readers).")
+
+
+def batch_to_rows(batch: pa.RecordBatch, input_mapping: dict | None = None):
+    """Record batch -> Python rows in their original shape (TensorFlowOnSpark next_batch format).
+
+    With ``input_mapping`` ({column: tensor_name}) returns {tensor_name: [values]} instead.
+    """
+    kind = (batch.schema.metadata or {}).get(ROW_KIND, b"tuple").decode()
+    cols = [column_to_numpy(batch.column(j), batch.schema.field(j)) for j in range(batch.num_columns)]
+    if input_mapping:
+        names = batch.schema.names
+        return {tensor: list(cols[names.index(col)]) for col, tensor in input_mapping.items()}
+    if kind == "scalar":
+        return list(cols[0])
+    if kind == "dict":
+        names = batch.schema.names
+        return [dict(zip(names, vals)) for vals in zip(*cols)]
+    return [tuple(vals) for vals in zip(*cols)]
+
+
+# --------------------------------------------------------------------------- IPC frames and results
+
+def to_ipc(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue()
+
+
+def from_ipc(data) -> pa.RecordBatch:
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    batches = list(reader)
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=reader.schema)
+    return pa.Table.from_batches(batches, schema=reader.schema).combine_chunks().to_batches()[0]
+
+
+def results_to_batch(results) -> pa.RecordBatch:
+    """Inference results (one per row: scalar, vector or dict) -> one-column record batch."""
+    if isinstance(results, np.ndarray) and results.ndim >= 2 and results.dtype != object:
+        arr = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(results).reshape(-1)),
+                                                int(np.prod(results.shape[1:])))
+    elif isinstance(results, np.ndarray):
+        arr = pa.array(results)
+    else:
+        arr = pa.array([r.tolist() if isinstance(r, np.ndarray) else (r.item() if isinstance(r, np.generic) else r)
+                        for r in results])
+    return pa.RecordBatch.from_arrays([arr], names=["result"])

@@ -1,15 +1,13 @@
-"""tfos.ml: the Spark ML TFEstimator / TFModel (Params, persistence, inference helpers, end to end)."""
+"""tfos.ml on the shared local-cluster: TFEstimator.fit runs a tfos training, TFModel.transform
+predicts with mapInArrow, Params survive save/load."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
-from tfos.errors import ConfigError, TFOSError
-from tfos.ml import TFEstimator, TFModel, batch_inputs, get_predictor, to_arrow_column
+from tfos.errors import ConfigError
+from tfos.ml import TFEstimator, TFModel
 
 
 def digits_train_fn(args, ctx):
@@ -61,80 +59,7 @@ def _digits(spark):
 
 
 # ------------------------------------------------------------------------------------------- no Spark
-def test_importing_tfos_ml_does_not_import_tensorflow():
-    code = "import sys, tfos.ml; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
-
-
-def test_params_defaults_setters_and_args():
-    est = TFEstimator(digits_train_fn, {"learning_rate": 0.01, "batch_size": 999}, inputCols=["features"],
-                      exportDir="/tmp/m.keras", epochs=3)
-    assert (est.getNumExecutors(), est.getNumPS(), est.getEpochs(), est.getBatchSize()) == (2, 0, 3, 32)
-    assert est.getLabelCol() == "label" and est.getMasterNode() == "chief" and est.getOutputCol() == "prediction"
-    assert est.setBatchSize(16).setInputMode("tensorflow").getInputMode() == 0
-    args = est.train_args()
-    assert (args.learning_rate, args.batch_size, args.epochs, args.export_dir) == (0.01, 16, 3, "/tmp/m.keras")
-    assert args.input_cols == ["features"] and args.label_col == "label"
-    model = TFModel(modelPath="/m", inputCols=["a"])
-    assert model.getBatchSize() == 256 and model.getOutputType() == "array<float>"
-    assert model.setOutputMode("argmax")._effective_output_type() == "int"
-
-
-@pytest.mark.parametrize("bad", [dict(numExecutors=0), dict(outputType="string"), dict(outputMode="softmax"),
-                                 dict(inputMode="files"), dict(nosuchParam=1), dict(env=["A=1"])])
-def test_bad_params_raise_config_error(bad):
-    with pytest.raises(ConfigError):
-        TFEstimator(digits_train_fn, **bad)
-
-
-def test_batch_inputs_without_row_loops():
-    lists = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], type=pa.list_(pa.float32()))
-    batch = pa.RecordBatch.from_arrays([lists, pa.array([1, 2, 3]), pa.array([0.5, 1.5, 2.5])],
-                                       names=["v", "i", "f"])
-    [x] = batch_inputs(batch, ["v"])
-    assert x.shape == (3, 2) and x.dtype == np.float32
-    [s] = batch_inputs(batch, ["i", "f"])
-    np.testing.assert_array_equal(s, [[1, 0.5], [2, 1.5], [3, 2.5]])
-    v, i = batch_inputs(batch, ["v", "i"])
-    assert v.shape == (3, 2) and i.shape == (3, 1)
-
-
-def test_to_arrow_column_types_and_errors():
-    preds = np.array([[0.1, 0.9], [0.8, 0.2]], dtype=np.float32)
-    col = to_arrow_column(preds, 2, pa.list_(pa.field("element", pa.float32())), "raw")
-    assert col.to_pylist() == [pytest.approx([0.1, 0.9]), pytest.approx([0.8, 0.2])]
-    assert to_arrow_column(preds, 2, pa.int32(), "argmax").to_pylist() == [1, 0]
-    assert to_arrow_column(np.array([[1.5], [2.5]]), 2, pa.float64(), "raw").to_pylist() == [1.5, 2.5]
-    assert to_arrow_column(None, 0, pa.float64(), "raw").to_pylist() == []
-    with pytest.raises(ConfigError, match="outputType='array<float>'"):
-        to_arrow_column(preds, 2, pa.float64(), "raw")
-    with pytest.raises(ConfigError, match="outputMode='raw'"):
-        to_arrow_column(np.array([[1.0], [2.0]]), 2, pa.int32(), "argmax")
-    with pytest.raises(TFOSError, match="batch dimension"):
-        to_arrow_column(preds, 3, pa.float64(), "raw")
-
-
-def test_predictor_loads_keras_file_and_savedmodel_once(tmp_path):
-    import keras
-
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    x = np.arange(12, dtype=np.float32).reshape(4, 3)
-    want = model.predict(x, verbose=0)
-    keras_path = str(tmp_path / "m.keras")
-    model.save(keras_path)
-    model.export(str(tmp_path / "sm"), verbose=False)
-    for path in (keras_path, "file://" + str(tmp_path / "sm")):
-        p = get_predictor(path)
-        assert get_predictor(path) is p  # cached per process
-        np.testing.assert_allclose(p.predict([x], ["f"], batch_size=3), want, rtol=1e-5)
-    with pytest.raises(ConfigError, match="set signatureName"):
-        get_predictor(str(tmp_path / "sm"), "nope")
-    with pytest.raises(ConfigError, match="neither a .keras"):
-        get_predictor(str(tmp_path))
-
-
-# ------------------------------------------------------------------------------------------- Spark
+@pytest.mark.spark
 def test_missing_export_dir_and_input_cols_raise_before_any_cluster(spark):
     df = spark.createDataFrame([([1.0, 2.0], 0)], "features array<float>, label long")
     with pytest.raises(ConfigError, match="exportDir"):
@@ -151,6 +76,7 @@ def test_missing_export_dir_and_input_cols_raise_before_any_cluster(spark):
         TFModel(modelPath="/tmp/x.keras", inputCols=["features"], outputCol="label").transform(df)
 
 
+@pytest.mark.spark
 def test_estimator_and_model_save_load_round_trip(spark, tmp_path):
     est = TFEstimator(digits_train_fn, {"learning_rate": 0.05}, inputCols=["features"], labelCol="y",
                       exportDir="/tmp/m.keras", epochs=4, batchSize=16, env={"A": "1"}, outputMode="argmax")
@@ -180,6 +106,7 @@ def test_estimator_and_model_save_load_round_trip(spark, tmp_path):
     assert isinstance(stage, TFEstimator) and stage.getEpochs() == 4 and stage.train_fn is digits_train_fn
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_fit_then_transform_digits(spark, tmp_path):
     train, test = _digits(spark)

@@ -1,0 +1,78 @@
+"""save / load of TFEstimator and TFModel (Spark ML metadata, plus the estimator's train_fn).
+
+Runs on the driver only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+
+from tfos.errors import ConfigError
+
+_TRAIN_FN_DIR = "train_fn"
+
+
+class TFReadWrite(MLReadable, MLWritable):
+    """``save`` / ``load`` of TFEstimator and TFModel: the Params, and an estimator's train_fn (TFWriter)."""
+
+    def write(self) -> MLWriter:
+        return TFWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return TFReader(cls)
+
+
+class TFWriter(MLWriter):
+    """Writes the Params and, for an estimator with a train_fn (unless option saveTrainFn=false),
+    ``(train_fn, tf_args)`` pickled with cloudpickle under ``path/train_fn``."""
+
+    def __init__(self, instance):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        train_fn = getattr(self.instance, "train_fn", None)  # TFModel has none
+        save_fn = self.optionMap.get("savetrainfn", "true").lower() not in ("false", "0", "no")
+        blob = _pickle_train_fn(train_fn, self.instance.tf_args) if save_fn and train_fn is not None else None
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
+                                         extraMetadata={"tfos": {"trainFn": blob is not None}})
+        if blob is not None:
+            self.sparkSession.createDataFrame([(bytearray(blob),)], "value binary").coalesce(1) \
+                .write.parquet(os.path.join(path, _TRAIN_FN_DIR))
+
+
+def _pickle_train_fn(train_fn, tf_args) -> bytes:
+    from pyspark import cloudpickle
+
+    try:
+        return cloudpickle.dumps((train_fn, tf_args))
+    except Exception as e:
+        raise ConfigError(f"cannot serialise train_fn/tf_args with cloudpickle ({e}); save without it: "
+                          "estimator.write().option('saveTrainFn', 'false').save(path), then "
+                          "setTrainFn(fn) after loading") from e
+
+
+class TFReader(MLReader):
+    """Loads what TFWriter saved, into an instance of ``cls`` (which must be the saved class)."""
+
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str):
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        expected = self.cls.__module__ + "." + self.cls.__name__
+        if metadata["class"] != expected:
+            raise ConfigError(f"{path} holds a {metadata['class']}, not a {expected}: load it with that class")
+        instance = self.cls()
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        if (metadata.get("tfos") or {}).get("trainFn"):
+            from pyspark import cloudpickle
+
+            row = self.sparkSession.read.parquet(os.path.join(path, _TRAIN_FN_DIR)).first()
+            instance.train_fn, instance.tf_args = cloudpickle.loads(bytes(row[0]))
+        return instance

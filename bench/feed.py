@@ -40,7 +40,7 @@ def make_rdd(sc, rows, partitions):
 
 # ---------------------------------------------------------------- (a) the limit
 def arrow_limit(sc, rows, partitions):
-    from tfos.feed.producer import rows_to_chunks
+    from tfos.executor.feeding import rows_to_chunks
 
     def convert(index, it):
         n = 0

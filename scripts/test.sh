@@ -19,7 +19,7 @@ if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HOROVOD:-0}" != "1" ]; then
   echo "== Horovod tests (TF 2.15 + Horovod 0.28.1 environment)"
   HVD_VENV="$(bash scripts/horovod_env.sh | tail -1)"
   set +e
-  "$HVD_VENV/bin/python" -m pytest -m horovod tests/test_horovod.py
+  "$HVD_VENV/bin/python" -m pytest -m horovod tests/e2e/test_horovod.py
   code=$?
   set -e
   if [ "$code" -eq 5 ]; then

@@ -1,3 +1,7 @@
+"""Shared fixtures. Tests are split by kind: ``unit/`` (pure functions, single processes),
+``integration/`` (the shared local-cluster, real TF worker processes), ``e2e/`` (the bundled
+examples end to end). Tests that use the Spark fixtures get the ``spark`` marker automatically."""
+
 import logging
 import os
 import sys
@@ -10,6 +14,14 @@ for p in (ROOT, os.path.join(ROOT, "examples", "digits"), os.path.join(ROOT, "te
         sys.path.insert(0, p)
 
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+SPARK_FIXTURES = {"spark", "sc", "tfos_cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +39,29 @@ def spark():
 @pytest.fixture
 def sc(spark):
     return spark.sparkContext
+
+
+@pytest.fixture
+def tfos_cluster(sc):
+    """``tfos_cluster(num_executors, num_ps=0, **reserve_kwargs)`` reserves a cluster on the shared
+    Spark session; whatever the test does, every cluster it made is shut down (or aborted) after it."""
+    from tfos import TFCluster
+    from tfos.errors import TFOSError
+
+    made = []
+
+    def reserve(num_executors, num_ps=0, **kwargs):
+        cluster = TFCluster.reserve(sc, num_executors, num_ps, **kwargs)
+        made.append(cluster)
+        return cluster
+
+    yield reserve
+    for cluster in made:
+        if not cluster.lifecycle.ended:
+            try:
+                cluster._abort(TFOSError("the test ended"))
+            except Exception as e:  # report, but let the leftover-process check judge the outcome
+                logging.getLogger(__name__).warning("could not abort cluster %s: %s", cluster.cluster_id, e)
 
 
 @pytest.fixture(autouse=True)

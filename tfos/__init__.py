@@ -1,23 +1,40 @@
 """tfos: turn a Spark cluster into a distributed TensorFlow cluster.
 
-Importing tfos on the driver does not import TensorFlow.
+The public API, re-exported lazily: importing ``tfos`` loads neither the driver modules nor
+pyspark nor TensorFlow, so node agents and TF processes stay light.
+
+* on the driver: :class:`TFCluster` (``tfos.driver``), :class:`InputMode`;
+* in ``main_fun(args, ctx)``: :class:`NodeContext` (``ctx``), :class:`DataFeed`, ``TFNode``;
+* everywhere: the errors, all derived from :class:`TFOSError`.
 """
 
-from tfos.cluster.decisions import InputMode
-from tfos.cluster.driver import TFCluster
 from tfos.errors import (AuthenticationError, ClusterStateError, ConfigError, FeedError, FeedTimeoutError,
-                         NodeFailedError, ProtocolError, ReservationTimeoutError, TFOSError, TFOSTimeoutError)
+                         NodeFailedError, NodeFailure, ProtocolError, ReservationTimeoutError, TFOSError,
+                         TFOSTimeoutError)
+from tfos.topology import InputMode
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "TFCluster": ("tfos.driver.cluster", "TFCluster"),
+    "NodeContext": ("tfos.node.context", "NodeContext"),
+    "DataFeed": ("tfos.node.datafeed", "DataFeed"),
+    "TFNode": ("tfos.tf.compat", "TFNode"),  # TensorFlowOnSpark compatibility: `from tfos import TFNode`
+}
+
 
 def __getattr__(name):
-    if name == "TFNode":  # TensorFlowOnSpark compatibility: `from tfos import TFNode`
-        from tfos.compat import TFNode
+    if name in _LAZY:
+        import importlib
 
-        return TFNode
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'tfos' has no attribute {name!r}")
 
-__all__ = ["TFCluster", "InputMode", "TFOSError", "ConfigError", "ProtocolError", "AuthenticationError",
-           "TFOSTimeoutError", "ReservationTimeoutError", "FeedTimeoutError", "FeedError", "ClusterStateError",
-           "NodeFailedError", "TFNode", "__version__"]
+
+__all__ = ["TFCluster", "InputMode", "NodeContext", "DataFeed", "TFNode", "TFOSError", "ConfigError",
+           "ProtocolError", "AuthenticationError", "TFOSTimeoutError", "ReservationTimeoutError",
+           "FeedTimeoutError", "FeedError", "ClusterStateError", "NodeFailedError", "NodeFailure",
+           "__version__"]

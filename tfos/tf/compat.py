@@ -34,7 +34,7 @@ class TFNode:
 
     @staticmethod
     def DataFeed(mgr, train_mode=True, qname_in="input", qname_out="output", input_mapping=None):  # noqa: N802
-        from tfos.feed.consumer import DataFeed
+        from tfos.node.datafeed import DataFeed
 
         return DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping)
 

@@ -8,7 +8,11 @@ of all workers with TensorFlow's own collective ops (``CollectiveReduceV2``, the
 internally) before applying them. Initial weights are broadcast from one rank so every replica
 starts identical; from then on identical averaged gradients keep them identical.
 
-Runs in the TF process (``main_fun``), never on the Spark driver. Usage::
+Runs in the TF process (``main_fun``), never on the Spark driver. It is one module of about 550
+lines on purpose: the primitives, the optimizer wrapper and the callbacks share one module state
+(rank, size, the collective key counter and ordering tokens) that must exist once per process.
+
+Usage::
 
     def main_fun(args, ctx):
         from tfos import keras_dist                   # = tfos.tf.keras_dist

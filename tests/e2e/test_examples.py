@@ -1,0 +1,150 @@
+"""The bundled examples end to end: on the shared local-cluster, in a notebook, under
+spark-submit, on a real standalone master + worker, and the parameter-server example on its
+own local-cluster[3,1,1024]."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["dataframe", "rdd"])
+def test_digits_spark_example_trains_and_writes_predictions(spark, source, tmp_path, capfd, caplog):
+    import logging
+
+    import digits_spark
+
+    caplog.set_level(logging.INFO, logger="tfos")
+    acc = digits_spark.main(["--source", source, "--epochs", "8", "--output-dir", str(tmp_path)], spark=spark)
+    assert acc >= 0.9
+    assert list((tmp_path / "predictions").glob("part-*"))
+    err = capfd.readouterr().err
+    assert "tfos " in err and "step" in err and "loss=" in err  # the progress bar
+    assert "per-rank summary" in caplog.text and "chief:0" in caplog.text and "rows fed" in caplog.text
+
+
+@pytest.mark.slow
+def test_notebook_runs_top_to_bottom(tmp_path):
+    import os
+
+    import nbclient
+    import nbformat
+
+    root = ROOT
+    nb = nbformat.read(os.path.join(root, "examples", "notebook", "tfos_step_by_step.ipynb"), as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "test accuracy" in outputs
+
+
+@pytest.mark.slow
+def test_digits_example_runs_under_spark_submit(tmp_path):
+    """The README's spark-submit command, against an embedded local-cluster master."""
+    import os
+    import sys
+
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    _submit_digits_example(tmp_path, env, ["--master", "local-cluster[2,1,1024]"])
+
+
+def _submit_digits_example(tmp_path, env, spark_args):
+    """spark-submit examples/digits/digits_tf.py with ``spark_args``; it must reach accuracy >= 0.9."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    root = ROOT
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    submit = submit if os.path.exists(submit) else shutil.which("spark-submit")
+    out = subprocess.run([submit] + spark_args + ["--conf", "spark.ui.enabled=false",
+                          os.path.join(root, "examples", "digits", "digits_tf.py"), "--epochs", "10",
+                          "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    m = re.search(r"test accuracy ([\d.]+)", out.stdout)
+    assert m and float(m.group(1)) >= 0.9, out.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keras_version", ["3", "2"])
+def test_digits_keras_fit_example(spark, tmp_path, keras_version):
+    import numpy as np
+
+    import digits_keras_fit
+
+    acc = digits_keras_fit.main(["--keras", keras_version, "--epochs", "8", "--output-dir", str(tmp_path)],
+                                spark=spark)
+    assert acc >= 0.9
+    w0, w1 = np.load(tmp_path / "weights-rank0.npz"), np.load(tmp_path / "weights-rank1.npz")
+    for k in w0.files:
+        np.testing.assert_allclose(w0[k], w1[k], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_digits_example_on_a_standalone_cluster(tmp_path):
+    """The README's standalone command: a real Spark standalone master + worker on this host."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from tfos.host import processes
+
+    bindir = os.path.dirname(sys.executable)
+    spark_class = os.path.join(bindir, "spark-class")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1", SPARK_WORKER_DIR=str(tmp_path / "work"))
+    procs = []
+
+    def start(args, log, pattern, timeout=90):
+        f = open(tmp_path / log, "w+")
+        p = subprocess.Popen([spark_class] + args, stdout=f, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+        procs.append(p)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, (tmp_path / log).read_text())
+            if m:
+                return m
+            assert p.poll() is None, (tmp_path / log).read_text()[-3000:]
+            time.sleep(0.5)
+        raise AssertionError(f"{log}: no {pattern!r} within {timeout}s\n" + (tmp_path / log).read_text()[-3000:])
+
+    try:
+        m = start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+                   "--webui-port", "0"], "master.log", r"Starting Spark master at (spark://[\d.]+:\d+)")
+        master = m.group(1)
+        start(["org.apache.spark.deploy.worker.Worker", master, "--cores", "2", "--memory", "3g",
+               "--webui-port", "0", "--host", "127.0.0.1"], "worker.log", r"Successfully registered with master")
+        _submit_digits_example(tmp_path, env, ["--master", master, "--conf", "spark.executor.cores=1",
+                                               "--conf", "spark.executor.memory=1g"])
+    finally:
+        for p in reversed(procs):
+            processes.terminate(p, 5.0, "spark daemon")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["--input", "files"], ["--input", "spark"], ["--keras-fit"]])
+def test_parameter_server_example_trains_and_counts_steps(flags):
+    """ps + chief + worker need 3 executors: the example runs its own local-cluster[3,1,1024].
+    InputMode.TENSORFLOW (per-worker file shards), InputMode.SPARK (fed to the chief), and tf_keras
+    model.fit with a DatasetCreator."""
+    root = ROOT
+    out = subprocess.run([sys.executable, os.path.join(root, "examples", "digits", "digits_ps.py"), "--epochs", "5"]
+                         + flags,
+                         capture_output=True, text=True, timeout=600, cwd=root)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    m = re.search(r"test accuracy ([\d.]+); steps scheduled (\d+), counted on the ps (\d+)", out.stdout)
+    assert m, out.stdout[-2000:]
+    assert float(m.group(1)) >= 0.9
+    assert m.group(2) == m.group(3)  # no step lost

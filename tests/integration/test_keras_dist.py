@@ -1,0 +1,464 @@
+"""tfos.keras_dist: Keras 3 ``model.fit`` on 2 TF worker processes (localhost), no Spark.
+
+Each test launches this file twice as a worker (``python test_keras_dist.py --worker ...``), each
+with its own TF_CONFIG. Every rank trains on a disjoint half of scikit-learn's digits, starting
+from a different random initialisation (so the initial broadcast matters), with
+``DistributedOptimizer`` averaging the gradients. The test checks that both ranks end with the
+same weights and reach >= 0.90 test accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RUN_TIMEOUT = 180.0  # seconds for one 2-worker run (measured: ~15-25 s on 2 cores)
+
+
+# ------------------------------------------------------------------------------------ worker
+
+
+def _primitives(opts) -> int:
+    """allreduce / broadcast / DistributedOptimizer.apply on known values, eager and in tf.function."""
+    from tfos import keras_dist
+
+    rank, size = keras_dist.init_collectives(method=opts.method, timeout_seconds=opts.collective_timeout)
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    out = {"rank": rank, "size": size}
+    out["mean"] = keras_dist.allreduce(float(rank + 1)).numpy().tolist()
+    out["sum"] = keras_dist.allreduce(np.array([rank + 1, 10], "int64"), average=False).numpy().tolist()
+    vf = tf.Variable(np.full((2, 3), rank + 1.0, "float32"))
+    vi = tf.Variable(np.array([rank + 5, rank + 7], "int64"))
+    kv = keras.Variable(np.full((4,), rank + 2.0, "float32"))
+    keras_dist.broadcast_variables([vf, vi, kv], root_rank=1)
+    out["bcast"] = [vf.numpy().tolist(), vi.numpy().tolist(), np.asarray(kv).tolist()]
+
+    w = keras.Variable(np.zeros((3,), "float32"), name="w")
+    u = keras.Variable(np.zeros((2,), "float32"), name="u")
+    # bytes_per_pack=8: w (12 bytes) and u (8 bytes) go in separate all-reduces
+    opt = keras_dist.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=opts.compression or None,
+                                          bytes_per_pack=8)
+
+    @tf.function
+    def step(scale):
+        g = tf.fill([3], scale * (rank + 1.0))
+        opt.apply([g, tf.fill([2], 1.0 / 3.0 * (rank + 1))], [w, u])
+
+    step(tf.constant(1.0))  # traced: w = -1.5
+    step(tf.constant(2.0))  # same trace, new instance keys at call time: w = -4.5
+    opt.apply([tf.ones([3]) * (rank + 1), tf.zeros([2])], [w, u])  # eager: w = -6.0
+    out["w"] = np.asarray(w).tolist()
+    out["u"] = np.asarray(u).tolist()
+    out["opt_class"] = type(opt).__name__
+    out["opt_config_name"] = keras.optimizers.serialize(opt)["class_name"]
+    with open(opts.out, "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+def _worker(opts) -> int:
+    if opts.mode == "primitives":
+        return _primitives(opts)
+    t0 = time.time()
+    from tfos import keras_dist
+
+    rank, size = keras_dist.init_collectives(method=opts.method, timeout_seconds=opts.collective_timeout)
+    t_init = time.time() - t0
+
+    import hashlib
+
+    import keras
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+    per_rank = len(x_train) // size  # equal shards: every rank runs the same number of steps
+    shard = slice(rank * per_rank, (rank + 1) * per_rank)
+    x_shard, y_shard = x_train[shard], y_train[shard]
+    if opts.uneven and rank == 1:
+        x_shard, y_shard = x_shard[:-64], y_shard[:-64]
+
+    keras.utils.set_random_seed(1234 + 17 * rank)  # different init per rank: broadcast must fix it
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dropout(0.1), keras.layers.Dense(10, activation="softmax")])
+    opt = keras.optimizers.Adam(opts.lr)
+    if not opts.no_dist_opt:  # --no-dist-opt / --no-broadcast: negative controls (weights must differ)
+        opt = keras_dist.DistributedOptimizer(opt, num_workers=size, compression=opts.compression or None)
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  jit_compile=False, steps_per_execution=opts.steps_per_execution)
+    cbs = [keras_dist.MetricAverageCallback()]
+    if not opts.no_broadcast:
+        cbs.append(keras_dist.BroadcastInitialWeights(root_rank=0))
+    t1 = time.time()
+    hist = model.fit(x_shard, y_shard, batch_size=32, epochs=opts.epochs, shuffle=True, callbacks=cbs, verbose=0)
+    t_fit = time.time() - t1
+    _, acc = model.evaluate(x_test, y_test, verbose=0)
+    weights = [np.asarray(w) for w in model.get_weights()]
+    digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()
+    np.savez(opts.out + ".npz", *weights)
+    result = {"rank": rank, "size": size, "shard_rows": len(x_shard), "acc": float(acc), "sha256": digest,
+              "init_s": t_init, "fit_s": t_fit, "total_s": time.time() - t0,
+              "iterations": int(np.asarray(opt.iterations)),
+              "loss": [float(v) for v in hist.history["loss"]]}
+    with open(opts.out, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def _worker_main(argv) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--out", required=True)
+    p.add_argument("--mode", default="fit")
+    p.add_argument("--method", default="strategy")
+    p.add_argument("--steps-per-execution", type=int, default=1)
+    p.add_argument("--no-broadcast", action="store_true")
+    p.add_argument("--no-dist-opt", action="store_true")
+    p.add_argument("--uneven", action="store_true")
+    p.add_argument("--compression", default="")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--collective-timeout", type=float, default=120.0)
+    opts = p.parse_args(argv)
+    import logging
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    code = 1
+    try:
+        code = _worker(opts)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)  # TF's threads must not keep a finished worker alive
+
+
+# ------------------------------------------------------------------------------------ driver
+
+
+class WorkersFailed(AssertionError):
+    """A worker exited non-zero; ``codes`` and full ``logs`` (one per rank) are attached."""
+
+    def __init__(self, codes, logs):
+        super().__init__(f"worker exit codes {codes}:\n" + "\n".join(t[-4000:] for t in logs))
+        self.codes, self.logs = codes, logs
+
+
+def _free_ports(n):
+    """Bind n sockets to port 0 and keep them open; the caller closes them right before launch."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    return socks
+
+
+def _kill_group(proc, grace=5.0):
+    """SIGTERM, then SIGKILL: a TF worker may ignore SIGTERM (preemption handler)."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_workers(n=2, timeout=RUN_TIMEOUT, extra_args=(), attempts=2, chief=None, workdir=None):
+    """Launch n local TF tasks (``chief``: a job name, 'chief' or 'master', for the first task;
+    the others are workers); return (results by rank, wall seconds, tmp dir). Kills everything
+    on exit."""
+    for attempt in range(attempts):
+        tmp = str(workdir) if workdir is not None else tempfile.mkdtemp(prefix="tfos-kd-")
+        socks = _free_ports(n)
+        hosts = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+        procs, logs = [], []
+        t0 = time.time()
+        try:
+            for s in socks:
+                s.close()
+            for i in range(n):
+                env = dict(os.environ)
+                if chief:
+                    cluster = {chief: hosts[:1], "worker": hosts[1:]}
+                    task = {"type": chief, "index": 0} if i == 0 else {"type": "worker", "index": i - 1}
+                else:
+                    cluster, task = {"worker": hosts}, {"type": "worker", "index": i}
+                env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
+                env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+                env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+                env.setdefault("OMP_NUM_THREADS", "1")
+                env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+                env.setdefault("TF_NUM_INTEROP_THREADS", "2")
+                log = open(os.path.join(tmp, f"worker{i}.log"), "w+")
+                logs.append(log)
+                procs.append(subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), "--worker", "--out", os.path.join(tmp, f"r{i}.json"),
+                     *extra_args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            deadline = t0 + timeout
+            for p in procs:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            wall = time.time() - t0
+            codes = [p.returncode for p in procs]
+            texts = []
+            for log in logs:
+                log.seek(0)
+                texts.append(log.read())
+            if any(codes):
+                if attempt + 1 < attempts and any("ddress already in use" in t or "Failed to add port" in t
+                                                  for t in texts):
+                    continue  # lost the port race: retry once with new ports
+                raise WorkersFailed(codes, texts)
+            results = [json.load(open(os.path.join(tmp, f"r{i}.json"))) for i in range(n)]
+            return results, wall, tmp
+        except subprocess.TimeoutExpired:
+            texts = []
+            for log in logs:
+                log.flush()
+                log.seek(0)
+                texts.append(log.read()[-3000:])
+            raise AssertionError(f"workers did not finish within {timeout} s:\n" + "\n".join(texts))
+        finally:
+            for p in procs:
+                _kill_group(p)
+            for log in logs:
+                log.close()
+    raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------------------------ pure tests
+
+TF_MODULES = ("keras_dist", "distribute", "callbacks", "compat")
+
+
+def test_old_module_paths_are_the_tfos_tf_modules():
+    """tfos.keras_dist & co. are aliases: one module object each, so keras_dist's state is shared."""
+    import importlib
+
+    import tfos
+    from tfos.keras_dist import DistributedOptimizer, _state
+
+    for name in TF_MODULES:
+        new = importlib.import_module(f"tfos.tf.{name}")
+        assert importlib.import_module(f"tfos.{name}") is new, name
+        assert getattr(tfos, name) is new, name
+        assert sys.modules[f"tfos.{name}"] is new, name
+    from tfos import keras_dist
+    from tfos.tf import keras_dist as tf_keras_dist
+
+    assert keras_dist is tf_keras_dist
+    assert DistributedOptimizer is tf_keras_dist.DistributedOptimizer
+    assert _state is tf_keras_dist._state  # module-level state exists once
+
+
+def test_importing_tfos_tf_does_not_import_tensorflow():
+    mods = ", ".join(["tfos.tf"] + [f"tfos.{m}" for m in TF_MODULES] + [f"tfos.tf.{m}" for m in (
+        "collectives", "compression", "datasets")])
+    code = f"import sys, {mods}; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+_CHIEF_WORKERS = {"chief": ["c:1"], "worker": ["w:1", "w:2"]}
+_MASTER_WORKERS = {"master": ["m:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"], "evaluator": ["e:1"]}
+_WORKERS = {"worker": ["w:1", "w:2"]}
+
+
+@pytest.mark.parametrize("cluster,task_type,index,expected", [
+    ({"chief": ["c:1"]}, "chief", 0, (0, 1)),
+    (_CHIEF_WORKERS, "chief", 0, (0, 3)),
+    (_CHIEF_WORKERS, "worker", 0, (1, 3)),
+    (_CHIEF_WORKERS, "worker", 1, (2, 3)),
+    (_MASTER_WORKERS, "master", 0, (0, 3)),
+    (_MASTER_WORKERS, "worker", 0, (1, 3)),
+    (_MASTER_WORKERS, "worker", 1, (2, 3)),
+    (_WORKERS, "worker", 0, (0, 2)),
+    (_WORKERS, "worker", 1, (1, 2)),
+    (_MASTER_WORKERS, "ps", 0, ValueError),
+    (_MASTER_WORKERS, "evaluator", 0, ValueError),
+])
+def test_rank_and_size_table(cluster, task_type, index, expected):
+    from tfos.tf import keras_dist
+
+    tf_config = {"cluster": cluster, "task": {"type": task_type, "index": index}}
+    for cfg in (tf_config, json.dumps(tf_config)):
+        if expected is ValueError:
+            with pytest.raises(ValueError, match="have a rank"):
+                keras_dist._task(cfg)
+        else:
+            assert keras_dist._task(cfg)[3:] == expected
+
+
+def test_no_tf_config_is_rank_0_of_1(monkeypatch):
+    from tfos.tf import keras_dist
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert keras_dist._task(None)[3:] == (0, 1)
+    assert keras_dist._task({"cluster": _WORKERS})[3:] == (0, 1)  # no task: not part of a cluster
+
+
+@pytest.mark.parametrize("cluster,expected", [
+    (_CHIEF_WORKERS, [("chief", 1), ("worker", 2)]),
+    (_MASTER_WORKERS, [("master", 1), ("worker", 2)]),  # no ps/evaluator; rank 0's job leads
+    (_WORKERS, [("worker", 2)]),
+])
+def test_coordination_service_jobs(cluster, expected):
+    from tfos.tf import keras_dist
+
+    assert keras_dist._coordinated_jobs(cluster) == expected
+
+
+def test_communication_options():
+    import tensorflow as tf
+
+    from tfos.tf.collectives import communication_options
+
+    impl = tf.distribute.experimental.CommunicationImplementation
+    opts = communication_options("RING", bytes_per_pack=1024, timeout_seconds=5.0)
+    assert (opts.implementation, opts.bytes_per_pack, opts.timeout_seconds) == (impl.RING, 1024, 5.0)
+    assert communication_options().implementation == impl.AUTO
+    assert communication_options("nccl").implementation == impl.NCCL
+    with pytest.raises(ValueError, match="communication must be"):
+        communication_options("gloo")
+
+
+def test_fp16_compression_round_trip():
+    import numpy as np
+    import tensorflow as tf
+
+    from tfos.tf import compression
+
+    assert compression.check("none") is None and compression.check("fp16") == "fp16"
+    with pytest.raises(ValueError, match="compression must be"):
+        compression.check("int8")
+    wires = []
+    for rank in (0, 1):  # two replicas' float32 gradients
+        wire, compressed = compression.compress(tf.constant([2.0, 40000.0 + 10000.0 * rank]), "fp16", 2)
+        assert compressed and wire.dtype == tf.float16
+        wires.append(wire)
+    summed = wires[0] + wires[1]  # what the SUM all-reduce computes; fp16 (max 65504) summing
+    # 40000 + 50000 would overflow: the pre-division makes it 20000 + 25000
+    mean = compression.decompress(summed, tf.float32, 2)
+    total = compression.decompress(summed, tf.float32, 2, average=False)
+    assert mean.dtype == total.dtype == tf.float32
+    np.testing.assert_allclose(mean.numpy(), [2.0, 45000.0], rtol=1e-3)
+    np.testing.assert_allclose(total.numpy(), [4.0, 90000.0], rtol=1e-3)
+    for t, comp in ((tf.constant([1, 2]), "fp16"), (tf.constant([1.0]), None)):
+        assert compression.compress(t, comp, 2) == (t, False)
+
+
+def test_no_autoshard():
+    import tensorflow as tf
+
+    from tfos.tf.datasets import no_autoshard
+
+    ds = no_autoshard(tf.data.Dataset.range(3))
+    assert ds.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
+    assert list(ds.as_numpy_iterator()) == [0, 1, 2]
+
+
+# ------------------------------------------------------------------------------------ process tests
+
+
+def _check(results, tmp, min_acc=0.90, bitwise=True):
+    import numpy as np
+
+    assert [r["rank"] for r in results] == [0, 1]
+    assert results[0]["shard_rows"] == results[1]["shard_rows"]
+    w0 = np.load(os.path.join(tmp, "r0.json.npz"))
+    w1 = np.load(os.path.join(tmp, "r1.json.npz"))
+    assert list(w0.keys()) == list(w1.keys())
+    for k in w0:
+        assert np.allclose(w0[k], w1[k], atol=1e-6, rtol=0), k
+    if bitwise:
+        assert results[0]["sha256"] == results[1]["sha256"]
+    assert results[0]["iterations"] == results[1]["iterations"]
+    for r in results:
+        assert r["acc"] >= min_acc, r
+    # MetricAverageCallback: both ranks log the same (averaged) epoch losses
+    assert np.allclose(results[0]["loss"], results[1]["loss"], rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chief,method", [("chief", "strategy"), ("master", "strategy"), ("master", "context")])
+def test_primitives_two_workers(tmp_path, chief, method):
+    """Exact values: mean/sum all-reduce, broadcast from rank 1 (3 dtypes), optimizer averaging in a
+    traced tf.function called twice and eagerly. Cluster = 1 chief (rank 0) + 1 worker (rank 1);
+    the chief's job may have TF 1.x's name 'master' (``master_node='master'``)."""
+    results, wall, tmp = run_workers(extra_args=["--mode", "primitives", "--method", method], timeout=120,
+                                     chief=chief, workdir=tmp_path)
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["mean"] == 1.5 and r["sum"] == [3, 20]
+        assert r["bcast"] == [[[2.0] * 3] * 2, [6, 8], [3.0] * 4]
+        assert r["w"] == [-6.0] * 3
+        assert r["u"] == pytest.approx([-1.0] * 2, abs=1e-6)  # 2 traced steps of mean(1/3, 2/3) = 0.5
+        assert r["opt_class"] == "SGD" and r["opt_config_name"] == "SGD"
+
+
+@pytest.mark.slow
+def test_fit_two_workers_identical_weights(tmp_path):
+    results, wall, tmp = run_workers(extra_args=["--epochs", "5"], workdir=tmp_path)
+    print(f"fp32: wall {wall:.1f}s, results {results}")
+    _check(results, tmp)
+
+
+@pytest.mark.slow
+def test_fit_two_workers_fp16_compression(tmp_path):
+    results, wall, tmp = run_workers(extra_args=["--epochs", "5", "--compression", "fp16"], workdir=tmp_path)
+    print(f"fp16: wall {wall:.1f}s, results {results}")
+    _check(results, tmp)
+
+
+@pytest.mark.slow
+def test_fit_two_workers_context_method_steps_per_execution(tmp_path):
+    """init_collectives(method='context') (no MultiWorkerMirroredStrategy object at all), and
+    steps_per_execution=4: the collectives run inside Keras' tf.while_loop/tf.cond."""
+    results, wall, tmp = run_workers(
+        extra_args=["--epochs", "5", "--method", "context", "--steps-per-execution", "4"], workdir=tmp_path)
+    print(f"context: wall {wall:.1f}s, results {results}")
+    _check(results, tmp)
+
+
+@pytest.mark.slow
+def test_uneven_shards_fail_fast_on_all_ranks(tmp_path):
+    """Shards giving different steps per epoch: BroadcastInitialWeights raises on every rank
+    instead of pairing unrelated collectives (which ends in a hang or a collective timeout)."""
+    with pytest.raises(WorkersFailed) as err:
+        run_workers(extra_args=["--epochs", "1", "--uneven"], timeout=120, workdir=tmp_path)
+    assert err.value.codes == [1, 1]
+    for log in err.value.logs:
+        assert "ValueError: workers plan different training lengths" in log, log[-3000:]
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        _worker_main(sys.argv[1:])
+    else:
+        res, secs, d = run_workers(extra_args=sys.argv[1:])
+        print(json.dumps(res, indent=1), f"wall {secs:.1f}s", d)

@@ -1,0 +1,213 @@
+"""Table-driven tests of the pure decision functions of every process: roles, ranks and
+TF_CONFIG (topology), argument checks and lifecycle transitions (driver), feed assignment
+(driver), GPU choice (agent), ports (TF process), paths (TF process), command lines."""
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tfos import topology as T
+from tfos.agent import gpus as G
+from tfos.agent.supervisor import tf_process_command
+from tfos.driver.cluster import validate_reserve
+from tfos.driver.feed_scheduler import pick_node
+from tfos.driver.lifecycle import Lifecycle, Phase, allowed
+from tfos.errors import ClusterStateError, ConfigError, TFOSError
+from tfos.executor.bootstrap import agent_command
+from tfos.host.claims import port_candidates
+from tfos.node.paths import absolute_path
+
+
+@pytest.mark.parametrize("n,ps,master,ev,expected", [
+    (1, 0, "chief", False, [("chief", 0)]),
+    (2, 0, "chief", False, [("chief", 0), ("worker", 0)]),
+    (2, 0, None, False, [("worker", 0), ("worker", 1)]),
+    (4, 1, "chief", False, [("ps", 0), ("chief", 0), ("worker", 0), ("worker", 1)]),
+    (5, 2, "chief", True, [("ps", 0), ("ps", 1), ("chief", 0), ("evaluator", 0), ("worker", 0)]),
+    (3, 0, "master", True, [("master", 0), ("evaluator", 0), ("worker", 0)]),
+])
+def test_assign_roles(n, ps, master, ev, expected):
+    assert T.assign_roles(n, ps, master, ev) == expected
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_executors=0), "num_executors"),
+    (dict(num_executors=2, num_ps=2), "leaves no node to train"),
+    (dict(num_executors=2, num_ps=1, eval_node=True), "leaves no node to train"),
+    (dict(num_executors=2, num_ps=-1), "num_ps"),
+    (dict(num_executors=True), "num_executors"),
+    (dict(num_executors=2, master_node="boss"), "master_node"),
+    (dict(num_executors=2, reservation_timeout=0), "reservation_timeout"),
+    (dict(num_executors=2, input_mode=7), "input_mode"),
+    (dict(num_executors=2, num_gpus=-1), "num_gpus"),
+    (dict(num_executors=2, num_gpus=1.5), "num_gpus"),
+])
+def test_validate_reserve_rejects(kwargs, match):
+    args = dict(num_executors=2, num_ps=0, master_node="chief", eval_node=False, reservation_timeout=60,
+                input_mode=0, num_gpus=0)
+    args.update(kwargs)
+    with pytest.raises(ConfigError, match=match):
+        validate_reserve(**args)
+
+
+def _nodes(roles):
+    return [SimpleNamespace(node_index=i, job_name=j, task_index=t, host=f"h{i}", address=f"h{i}:{2000 + i}")
+            for i, (j, t) in enumerate(roles)]
+
+
+@pytest.mark.parametrize("roles,spec", [
+    ([("chief", 0), ("worker", 0)], {"chief": ["h0:2000"], "worker": ["h1:2001"]}),
+    ([("ps", 0), ("chief", 0), ("evaluator", 0), ("worker", 0), ("worker", 1)],
+     {"ps": ["h0:2000"], "chief": ["h1:2001"], "worker": ["h3:2003", "h4:2004"]}),
+    ([("worker", 1), ("worker", 0)], {"worker": ["h1:2001", "h0:2000"]}),
+])
+def test_cluster_spec_orders_by_task_and_excludes_evaluator(roles, spec):
+    assert T.cluster_spec(_nodes(roles)) == spec
+
+
+def test_tf_config_per_node():
+    nodes = _nodes([("ps", 0), ("chief", 0), ("evaluator", 0), ("worker", 0)])
+    assert T.tf_config(nodes, 3) == {"cluster": {"ps": ["h0:2000"], "chief": ["h1:2001"], "worker": ["h3:2003"]},
+                                     "task": {"type": "worker", "index": 0}}
+    assert T.tf_config(nodes, 2)["task"] == {"type": "evaluator", "index": 0}
+
+
+@pytest.mark.parametrize("job,idx,rank", [("chief", 0, 0), ("worker", 0, 1), ("worker", 1, 2), ("ps", 0, None),
+                                          ("evaluator", 0, None)])
+def test_training_rank(job, idx, rank):
+    roles = [("ps", 0), ("chief", 0), ("evaluator", 0), ("worker", 0), ("worker", 1)]
+    assert T.training_rank(job, idx, roles) == rank
+    assert T.num_training_nodes(roles) == 3
+
+
+@pytest.mark.parametrize("cluster,task,expected", [
+    ({"chief": ["a"], "worker": ["b", "c"]}, ("worker", 1), (2, 3)),
+    ({"master": ["a"], "worker": ["b"], "ps": ["p"]}, ("master", 0), (0, 2)),
+    ({"worker": ["a", "b"]}, ("worker", 0), (0, 2)),
+])
+def test_rank_and_size_from_tf_config(cluster, task, expected):
+    assert T.rank_and_size(*task, cluster) == expected
+
+
+def test_rank_order_puts_the_chief_first():
+    nodes = _nodes([("worker", 1), ("ps", 0), ("worker", 0), ("master", 0)])
+    assert [(n.job_name, n.task_index) for n in T.rank_order(nodes)] == [("master", 0), ("worker", 0), ("worker", 1)]
+
+
+@pytest.mark.parametrize("current,target,ok", [
+    (Phase.RESERVED, Phase.STARTING, True), (Phase.RESERVED, Phase.SHUT_DOWN, True),
+    (Phase.RESERVED, Phase.RUNNING, False), (Phase.STARTING, Phase.RUNNING, True),
+    (Phase.STARTING, Phase.SHUT_DOWN, False), (Phase.RUNNING, Phase.SHUTTING_DOWN, True),
+    (Phase.RUNNING, Phase.STARTING, False), (Phase.SHUTTING_DOWN, Phase.SHUT_DOWN, True),
+    (Phase.SHUT_DOWN, Phase.FAILED, False), (Phase.FAILED, Phase.SHUT_DOWN, False),
+    (Phase.RUNNING, Phase.FAILED, True), (Phase.FAILED, Phase.RUNNING, False),
+])
+def test_lifecycle_transitions(current, target, ok):
+    assert allowed(current, target) is ok
+
+
+def test_lifecycle_records_the_first_error_once_and_rejects_illegal_moves():
+    life = Lifecycle()
+    with pytest.raises(ClusterStateError, match="from reserved to running"):
+        life.to(Phase.RUNNING)
+    life.to(Phase.STARTING)
+    first, second = TFOSError("first"), TFOSError("second")
+    assert life.fail(first) is True
+    assert life.fail(second) is False
+    assert life.error is first and life.phase is Phase.FAILED
+    with pytest.raises(TFOSError, match="first"):
+        life.require(Phase.RUNNING, "train")
+
+
+@pytest.mark.parametrize("live,counts,expected", [
+    ([0, 1], {0: 0, 1: 0}, 0), ([0, 1], {0: 10, 1: 0}, 1), ([1, 2], {0: 0, 1: 5, 2: 5}, 1), ([], {0: 0}, -1),
+])
+def test_pick_node_balances_rows(live, counts, expected):
+    assert pick_node(live, counts) == expected
+
+
+SMI = "0, 10, 0\n1, 9000, 95\n2, 0, 0\n3, 100, 5\n"
+
+
+@pytest.mark.parametrize("num,spark,claimed,expected", [
+    (1, ["5"], [], ["5"]),            # Spark resource scheduling wins
+    (0, None, [], []),                # CPU only
+    (1, None, [], ["2"]),             # least used first
+    (2, None, [], ["0", "2"]),
+    (2, None, ["2"], ["0", "3"]),     # another node on this host holds GPU 2
+    (3, None, ["1"], ["0", "2", "3"]),
+])
+def test_choose_gpus(num, spark, claimed, expected):
+    assert G.choose_gpus(num, spark, G.parse_nvidia_smi(SMI), claimed) == expected
+
+
+@pytest.mark.parametrize("num,smi,claimed,match", [
+    (1, "", [], "no GPU was found"),
+    (4, SMI, [], "only 3 of 4 are free"),
+    (2, SMI, ["0", "2"], "only 1 of 4"),
+])
+def test_choose_gpus_errors(num, smi, claimed, match):
+    with pytest.raises(ConfigError, match=match):
+        G.choose_gpus(num, None, G.parse_nvidia_smi(smi), claimed)
+
+
+def test_parse_nvidia_smi_skips_garbage():
+    assert G.parse_nvidia_smi("0, 1, 2\nbad line\n1, N/A, 3\n") == [("0", 1, 2)]
+
+
+def test_gpu_environment():
+    assert G.gpu_environment(["1", "3"])["CUDA_VISIBLE_DEVICES"] == "1,3"
+    assert G.gpu_environment([])["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize("eph,taken", [((32768, 60999), []), ((32768, 60999), [20000, 20001]),
+                                       ((1024, 60000), []), ((10000, 65535), [])])
+def test_port_candidates_avoid_ephemeral_range_and_taken(eph, taken):
+    ports = port_candidates(eph, taken, count=50, seed=3)
+    assert len(ports) == len(set(ports)) == 50
+    for p in ports:
+        assert not (eph[0] <= p <= eph[1]) or eph == (10000, 65535)
+        assert p not in taken and 1024 <= p <= 65535
+
+
+@pytest.mark.parametrize("path,fs,wd,user,expected", [
+    ("hdfs://nn:8020/data", "hdfs://nn:8020", "/w", "u", "hdfs://nn:8020/data"),
+    ("file:///tmp/x", "hdfs://nn:8020", "/w", "u", "file:///tmp/x"),
+    ("/data/x", "hdfs://nn:8020", "/w", "u", "hdfs://nn:8020/data/x"),
+    ("data/x", "hdfs://nn:8020/", "/w", "u", "hdfs://nn:8020/user/u/data/x"),
+    ("data/x", "file:///", "/work/dir", "u", "file:///work/dir/data/x"),
+    ("/abs/x", "file:///", "/work/dir", "u", "file:///abs/x"),
+    ("../x", "", "/work/dir", "u", "file:///work/x"),
+    ("x", "viewfs://cluster", "/w", "bob", "viewfs://cluster/user/bob/x"),
+])
+def test_absolute_path(path, fs, wd, user, expected):
+    assert absolute_path(path, fs, wd, user) == expected
+
+
+def test_command_lines():
+    assert tf_process_command("/py") == ["/py", "-u", "-m", "tfos.node"]
+    assert agent_command("/py") == ["/py", "-u", "-m", "tfos.agent"]
+
+
+def _imported_after(code: str) -> set:
+    out = subprocess.run([sys.executable, "-c", code + "; import sys; print(' '.join(sorted(sys.modules)))"],
+                         capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_package_root_loads_neither_driver_nor_pyspark_nor_tensorflow():
+    mods = _imported_after("import tfos; from tfos import InputMode, TFOSError, NodeFailedError")
+    assert not [m for m in mods if m.startswith(("tfos.driver", "pyspark", "tensorflow", "tfos.node"))]
+
+
+def test_node_and_agent_packages_do_not_load_driver_modules():
+    for entry in ("tfos.node.runtime", "tfos.node.datafeed", "tfos.agent.supervisor", "tfos.executor.feeding"):
+        mods = _imported_after(f"import {entry}")
+        assert not [m for m in mods if m.startswith(("tfos.driver", "tensorflow"))], entry
+
+
+def test_public_names_resolve_lazily():
+    mods = _imported_after("import tfos; tfos.TFCluster; tfos.NodeContext; tfos.DataFeed; tfos.TFNode")
+    assert "tfos.driver.cluster" in mods and "tfos.node.context" in mods

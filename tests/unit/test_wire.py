@@ -1,0 +1,173 @@
+"""The wire protocol: typed messages, framing, mutual authentication with the cluster secret."""
+
+import pickle
+import socket
+import struct
+import threading
+
+import pytest
+
+from tfos.driver.feed_scheduler import FeedScheduler
+from tfos.driver.registry import NodeRegistry
+from tfos.driver.service import ControlService
+from tfos.errors import AuthenticationError, ProtocolError, RequestRefused, TFOSTimeoutError
+from tfos.wire import channel as C
+from tfos.wire import messages as M
+from tfos.wire.clients import DriverClient
+
+
+def test_messages_roundtrip_and_are_versioned():
+    msg = M.NodeExited("c1", 3, -9, "tb", "tail", "/log", True)
+    data = M.encode(msg)
+    assert b'"type":"NodeExited"' in data and b'"v":%d' % M.PROTOCOL_VERSION in data
+    assert M.decode(data) == msg
+
+
+def test_nested_configs_roundtrip_typed():
+    cluster = M.ClusterConfig("cid", "ab" * 32, "10.0.0.1", 4000, (("chief", 0), ("worker", 0)), 1, 600.0, "/logs",
+                              "file:///", env={"A": "1"})
+    node = M.NodeConfig(cluster, 1, "worker", 0, "h1", "/n", "/n/f", "/w", "/py", ("/a",), ("0",), 77)
+    back = M.decode(M.encode(node))
+    assert back == node and isinstance(back.cluster, M.ClusterConfig)
+    assert back.cluster.roles == (("chief", 0), ("worker", 0)) and back.spark_gpus == ("0",)
+    reply = M.ClusterSpecReply((M.NodeInfo(0, "chief", 0, "h", 1, 2, 3),), {"x": [1]})
+    assert M.decode(M.encode(reply)).nodes[0].address == "h:1"
+
+
+@pytest.mark.parametrize("payload,match", [
+    (b"not json", "not valid JSON"),
+    (b"[1,2]", "not a JSON object"),
+    (b'{"type":"Ack","v":99}', "version mismatch"),
+    (b'{"type":"os.system","v":2}', "unknown message type"),
+    (b'{"type":["Ack"],"v":2}', "unknown message type"),
+    (b'{"type":"Heartbeat","v":2,"cluster_id":"x"}', "missing field 'node_index'"),
+    (b'{"type":"Heartbeat","v":2,"cluster_id":7,"node_index":0}', "cluster_id: expected str"),
+    (b'{"type":"Heartbeat","v":2,"cluster_id":"x","node_index":true}', "node_index: expected int"),
+    (b'{"type":"Heartbeat","v":2,"cluster_id":"x","node_index":1e400}', "node_index: expected int"),
+    (b'{"type":"Heartbeat","v":2,"cluster_id":"x","node_index":123456789012345678901234567890}', "out of range"),
+    (b'{"type":"RegisterNode","v":2,"cluster_id":"x","node":{"node_index":0}}', "RegisterNode.node: missing"),
+    (b'{"type":"Report","v":2,"cluster_id":"x","node_index":0,"values":[1]}', "values: expected dict"),
+    (b'[' * 100000 + b']' * 100000, "not valid JSON"),
+    (pickle.dumps({"type": "Ack"}), "not valid JSON"),
+])
+def test_decode_rejects(payload, match):
+    with pytest.raises(ProtocolError, match=match):
+        M.decode(payload)
+
+
+def test_encode_rejects_non_messages():
+    with pytest.raises(ProtocolError):
+        M.encode({"type": "Ack"})
+
+
+@pytest.fixture
+def control():
+    state = NodeRegistry("cid", [("chief", 0), ("worker", 0)])
+    secret = C.new_secret()
+    server = ControlService(state, FeedScheduler(state, [0, 1]), secret, "127.0.0.1").start()
+    yield state, secret, server
+    server.stop()
+
+
+def _client(server, secret, node=1, cluster="cid"):
+    return DriverClient("127.0.0.1", server.port, secret, cluster, node)
+
+
+def test_authenticated_request(control):
+    state, secret, server = control
+    assert _client(server, secret).heartbeat() is False
+    state.request_stop([1])
+    assert _client(server, secret).heartbeat() is True
+
+
+def test_typed_client_session_serves_many_requests(control):
+    state, secret, server = control
+    client = _client(server, secret, node=-1)
+    with client.session(timeout=5):
+        assert [client.assign_chunk("f", 10) for _ in range(4)] == [0, 1, 0, 1]
+
+
+def test_unknown_node_index_is_an_error_reply_and_changes_nothing(control):
+    state, secret, server = control
+    with pytest.raises(RequestRefused, match="unknown node index 7"):
+        _client(server, secret, node=7).heartbeat()
+    assert all(n.last_heartbeat == 0.0 for n in state.nodes.values())
+
+
+def test_wrong_secret_is_rejected(control):
+    state, _secret, server = control
+    with pytest.raises(AuthenticationError):
+        _client(server, C.new_secret(), node=0).heartbeat()
+    assert state.nodes[0].last_heartbeat == 0.0  # nothing was processed
+
+
+def test_raw_pickle_without_handshake_is_rejected(control):
+    """A client that skips the handshake and sends a pickle gets disconnected unprocessed."""
+    state, _secret, server = control
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    hello = s.recv(64)
+    assert hello.startswith(C.MAGIC)
+    s.sendall(pickle.dumps(("RegisterNode", {"node_index": 0})) + b"\0" * 64)
+    s.settimeout(5)
+    try:
+        assert s.recv(64) == b""  # closed by the server...
+    except ConnectionResetError:
+        pass  # ...or reset, as it closed with the unread pickle in its buffer
+    s.close()
+    assert state.nodes[0].info is None
+
+
+def test_server_must_prove_the_secret_too():
+    """A fake endpoint without the secret cannot impersonate the driver."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def fake():
+        c, _ = srv.accept()
+        c.sendall(struct.pack(">4sH16s", C.MAGIC, M.PROTOCOL_VERSION, b"n" * 16))
+        c.recv(48)
+        c.sendall(b"x" * 32)
+        c.close()
+
+    t = threading.Thread(target=fake)
+    t.start()
+    with pytest.raises(AuthenticationError, match="failed to prove"):
+        C.Channel.connect("127.0.0.1", srv.getsockname()[1], C.new_secret(), timeout=5)
+    t.join()
+    srv.close()
+
+
+def test_oversized_json_frame_is_refused(control):
+    _state, secret, server = control
+    ch = C.Channel.connect("127.0.0.1", server.port, secret, timeout=5)
+    ch.sock.sendall(struct.pack(">cI", C.KIND_JSON, C.MAX_JSON_FRAME + 1))
+    ch.settimeout(5)
+    assert isinstance(ch.recv(), M.ErrorReply)  # answered, then closed
+    assert ch.sock.recv(16) == b""
+    ch.close()
+
+
+def test_control_service_accepts_no_data_frames(control):
+    state, secret, server = control
+    ch = C.Channel.connect("127.0.0.1", server.port, secret, timeout=5)
+    ch.sock.sendall(struct.pack(">cI", C.KIND_ARROW, 1024))
+    ch.settimeout(5)
+    reply = ch.recv()
+    assert isinstance(reply, M.ErrorReply) and "exceeds this channel's limit" in reply.message
+    ch.close()
+
+
+def test_cluster_id_mismatch_is_an_error(control):
+    _state, secret, server = control
+    with pytest.raises(RequestRefused, match="this is cid"):
+        _client(server, secret, node=0, cluster="other").heartbeat()
+
+
+def test_connect_timeout_names_the_setting():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(TFOSTimeoutError, match="raise feed_timeout"):
+        C.Channel.connect("127.0.0.1", port, C.new_secret(), timeout=0.5, setting="feed_timeout")

@@ -1,0 +1,87 @@
+"""GPU choice for one node (node agent): Spark's resource scheduling first, else the least-used
+free GPUs reported by nvidia-smi, claimed in the host-wide registry. The decisions are pure
+functions tested from tables."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Iterable, Sequence
+
+from tfos.errors import ConfigError
+from tfos.host.claims import claims
+
+
+def parse_nvidia_smi(output: str) -> list[tuple[str, int, int]]:
+    """Parse ``nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits``.
+
+    Returns ``[(index, memory_used_mib, utilization_pct)]``; unparsable lines are skipped.
+    """
+    gpus = []
+    for line in output.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
+            continue
+        try:
+            gpus.append((parts[0], int(float(parts[1])), int(float(parts[2]))))
+        except ValueError:
+            continue
+    return gpus
+
+
+def choose_gpus(num_gpus: int, spark_addresses: Sequence[str] | None,
+                smi: Sequence[tuple[str, int, int]], claimed: Iterable[str],
+                busy_memory_mib: int = 512) -> list[str]:
+    """Pick GPU ids for one node.
+
+    Spark's resource scheduling wins when it assigned GPUs to the task. Otherwise take the
+    ``num_gpus`` least-used GPUs reported by nvidia-smi that no other tfos node on this host
+    has claimed and that are not visibly busy. Raises ConfigError when too few are free.
+    """
+    if spark_addresses:
+        return list(spark_addresses)
+    if num_gpus <= 0:
+        return []
+    if not smi:
+        raise ConfigError(f"{num_gpus} GPU(s) requested but no GPU was found on this host "
+                          "(nvidia-smi missing or reported none); set num_gpus=0 or run on GPU executors")
+    claimed = set(claimed)
+    free = [g for g in smi if g[0] not in claimed and g[1] < busy_memory_mib]
+    free.sort(key=lambda g: (g[1], g[2], int(g[0]) if g[0].isdigit() else 0))
+    if len(free) < num_gpus:
+        raise ConfigError(f"{num_gpus} GPU(s) requested but only {len(free)} of {len(smi)} are free on this host "
+                          f"(claimed by other tfos nodes: {sorted(claimed) or 'none'}); lower num_gpus or "
+                          "give Spark GPU resources (spark.executor.resource.gpu.amount)")
+    return sorted((g[0] for g in free[:num_gpus]), key=lambda s: (len(s), s))
+
+
+def gpu_environment(gpus: Sequence[str]) -> dict[str, str]:
+    """Environment pinning the TF process to ``gpus`` (empty list: hide all GPUs)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def _smi_gpus() -> list[tuple[str, int, int]]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,memory.used,utilization.gpu",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
+
+
+def pick_gpus(num_gpus: int, spark_gpus: Sequence[str]) -> list[str]:
+    """Spark-assigned GPUs, else free GPUs from nvidia-smi claimed under the host-wide lock
+    (the claims last as long as this process)."""
+    if spark_gpus:
+        return list(spark_gpus)
+    if not num_gpus:
+        return []
+    with claims() as reg:
+        gpus = choose_gpus(num_gpus, None, _smi_gpus(), reg["gpus"].keys())
+        for g in gpus:
+            reg["gpus"][g] = os.getpid()
+    return gpus

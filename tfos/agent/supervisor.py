@@ -1,0 +1,153 @@
+"""The node agent's supervisor loop (runs in the node agent process).
+
+It starts the node's TF process with its GPU pinning and the user's environment, captures its
+output in the node log, sends heartbeats to the driver, and stops the TF process (SIGTERM,
+grace period, SIGKILL) when the driver asks, when the driver is unreachable for
+``heartbeat_timeout``, or when the executor JVM is gone. The TF process dies with the agent
+(PR_SET_PDEATHSIG + a pipe watchdog), so no TF process outlives its supervisor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from tfos.agent.gpus import gpu_environment, pick_gpus
+from tfos.errors import TFOSError
+from tfos.host import processes
+from tfos.wire import messages as M
+from tfos.wire.clients import DriverClient
+
+logger = logging.getLogger(__name__)
+
+#: How the TF process is started: ``python -u -m tfos.node`` (pure, tested).
+TF_PROCESS_MODULE = "tfos.node"
+
+
+def tf_process_command(python: str) -> list[str]:
+    return [python, "-u", "-m", TF_PROCESS_MODULE]
+
+
+class NodeAgent:
+    def __init__(self, cfg: M.NodeConfig):
+        self.cfg = cfg
+        self.driver = DriverClient.for_node(cfg)
+        self.stop_event = threading.Event()
+        self.proc: subprocess.Popen | None = None
+        self.log_path = os.path.join(cfg.node_dir, "node.log")
+        self.error_path = os.path.join(cfg.node_dir, "error.txt")
+        self._watch_w: int | None = None
+
+    def start_tf_process(self, gpus: list[str]) -> None:
+        cfg = self.cfg
+        watch_r, watch_w = os.pipe()
+        self._watch_w = watch_w  # held open for the TF process's lifetime; closes when we die
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in cfg.cluster.env.items()})
+        env.update(gpu_environment(gpus))
+        env["PYTHONUNBUFFERED"] = "1"
+        tf_cfg = dataclasses.replace(cfg, gpus=tuple(gpus), watchdog_fd=watch_r)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(tf_process_command(cfg.python), stdin=subprocess.PIPE, stdout=log,
+                                         stderr=subprocess.STDOUT, pass_fds=(watch_r,), cwd=cfg.working_dir,
+                                         env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
+        os.close(watch_r)
+        self.proc.stdin.write(M.encode(tf_cfg) + b"\n")
+        self.proc.stdin.close()
+
+    def run(self) -> int:
+        cfg = self.cfg
+        try:
+            gpus = pick_gpus(cfg.cluster.num_gpus, cfg.spark_gpus)
+            self.start_tf_process(gpus)
+            self.driver.agent_started(cfg.host, os.getpid(), self.proc.pid, self.log_path)
+        except Exception as e:
+            logger.exception("node agent failed to start the TF process")
+            _say(f"FAILED {type(e).__name__}: {e}")
+            if self.proc:
+                processes.terminate(self.proc, 0, "TF process")
+            return 1
+        _say(f"STARTED tf_pid={self.proc.pid} gpus={','.join(gpus) or 'none'}")
+        logger.info("TF process %d started for node %d (%s:%d), gpus=%s", self.proc.pid, cfg.node_index,
+                    cfg.job_name, cfg.task_index, gpus or "none")
+        why = "error in the node agent"
+        try:
+            why = self.supervise()
+        finally:
+            code = processes.terminate(self.proc, cfg.cluster.stop_grace_secs, "TF process")
+        code = -9 if code is None else code
+        logger.info("TF process of node %d exited with code %s (%s)", cfg.node_index, code, why or "finished")
+        self.report_exit(code, why == "driver", "" if why in ("", "driver") else why)
+        return 0
+
+    def supervise(self) -> str:
+        """Watch the TF process until it exits ("") or must be stopped: "driver" when the driver asked,
+        else a description of why the agent stopped it."""
+        c = self.cfg.cluster
+        last_contact = time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                return ""
+            if self.stop_event.is_set():
+                logger.warning("node agent received a termination signal; stopping the TF process")
+                return "the node agent received a termination signal"
+            jvm = self.cfg.jvm_pid
+            if jvm and not processes.alive(jvm):
+                logger.error("executor JVM %d is gone; stopping the TF process", jvm)
+                return f"the executor JVM (pid {jvm}) is gone"
+            try:
+                stop = self.driver.heartbeat(timeout=5.0)
+                last_contact = time.monotonic()
+                if stop:
+                    logger.info("driver asked node %d to stop", self.cfg.node_index)
+                    return "driver"
+            except (TFOSError, OSError) as e:
+                if time.monotonic() - last_contact > c.heartbeat_timeout:
+                    logger.error("lost the driver for %.0fs (%s); stopping the TF process", c.heartbeat_timeout, e)
+                    return f"no contact with the driver for {c.heartbeat_timeout:.0f}s"
+            self.stop_event.wait(c.heartbeat_interval)
+
+    def report_exit(self, code: int, stopped_by_driver: bool, reason: str = "") -> None:
+        try:
+            with open(self.error_path) as f:
+                tb = f.read()
+        except OSError:
+            tb = ""
+        for attempt in range(3):
+            try:
+                self.driver.node_exited(code, tb, processes.tail(self.log_path, 40), self.log_path,
+                                        stopped_by_driver, reason)
+                return
+            except (TFOSError, OSError) as e:
+                logger.warning("could not report the exit to the driver (attempt %d): %s", attempt + 1, e)
+                time.sleep(1.0)
+
+
+def _say(line: str) -> None:
+    """Tell the barrier task how the start went, then detach from its pipe."""
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def main() -> int:
+    cfg = M.decode(sys.stdin.buffer.readline())
+    if not isinstance(cfg, M.NodeConfig):
+        raise TFOSError(f"the node agent expects a NodeConfig on stdin, got {type(cfg).__name__}")
+    logging.basicConfig(filename=os.path.join(cfg.node_dir, "agent.log"), level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    agent = NodeAgent(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop_event.set())
+    return agent.run()

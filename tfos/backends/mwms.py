@@ -1,0 +1,43 @@
+"""Ring all-reduce: MultiWorkerMirroredStrategy from TF_CONFIG (driver and TF-process halves)."""
+
+from __future__ import annotations
+
+from tfos.backends.base import Backend, NodeHooks
+from tfos.errors import ConfigError
+
+
+class MWMSNode(NodeHooks):
+    def strategy(self, ctx):
+        import tensorflow as tf
+
+        from tfos.tf.collectives import communication_options, mwms_cluster_resolver
+
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=mwms_cluster_resolver(),
+            communication_options=communication_options(self.communication, self.bytes_per_pack,
+                                                        self.timeout_seconds))
+
+
+class MWMSBackend(Backend):
+    """Ring all-reduce: MultiWorkerMirroredStrategy from TF_CONFIG.
+
+    ``communication``: 'auto' | 'ring' | 'nccl'; ``bytes_per_pack`` > 0 packs gradients into
+    chunks of that size before all-reducing (TF's tensor fusion); ``timeout_seconds`` bounds
+    each collective. transport='rdma' selects NCCL.
+    """
+
+    name = "mwms"
+    node_class = MWMSNode
+
+    def __init__(self, communication: str = "auto", bytes_per_pack: int = 0, timeout_seconds: float | None = None,
+                 **kw):
+        super().__init__(**kw)
+        if communication not in ("auto", "ring", "nccl"):
+            raise ConfigError(f"communication must be 'auto', 'ring' or 'nccl', got {communication!r}")
+        self.communication = "nccl" if self.transport == "rdma" else communication
+        self.bytes_per_pack = int(bytes_per_pack)
+        self.timeout_seconds = timeout_seconds
+
+    def node_options(self) -> dict:
+        return dict(super().node_options(), communication=self.communication, bytes_per_pack=self.bytes_per_pack,
+                    timeout_seconds=self.timeout_seconds)

@@ -1,0 +1,443 @@
+"""The public driver API: reserve a Spark cluster as a TF cluster, start it, feed it, shut it down.
+
+Runs in the Spark driver. ``TFCluster`` composes the parts of the driver: the lifecycle
+(``lifecycle``), the node registry and feed scheduler behind the control service
+(``registry``, ``feed_scheduler``, ``service``), the feeding jobs (``feeding``), and the
+progress bar, timeline and TensorBoard (``progress``, ``tensorboard``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+
+from tfos import topology
+from tfos.driver import spark as S
+from tfos.driver.feed_scheduler import FeedScheduler
+from tfos.driver.feeding import FeedJobs
+from tfos.driver.lifecycle import Lifecycle, Phase
+from tfos.driver.registry import NodeRegistry
+from tfos.driver.service import ControlService
+from tfos.errors import (ClusterStateError, ConfigError, NodeFailedError, ReservationTimeoutError, TFOSError,
+                         TFOSTimeoutError)
+from tfos.executor.bootstrap import make_bootstrap, node_dir
+from tfos.topology import InputMode
+from tfos.wire import messages as M
+from tfos.wire.channel import new_secret
+
+logger = logging.getLogger(__name__)
+
+
+def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout, input_mode,
+                     num_gpus) -> None:
+    """Pure: reject bad arguments before any Spark job starts. Messages say what to change."""
+    if not isinstance(num_executors, int) or isinstance(num_executors, bool) or num_executors < 1:
+        raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")
+    if not isinstance(num_ps, int) or isinstance(num_ps, bool) or num_ps < 0:
+        raise ConfigError(f"num_ps must be an int >= 0, got {num_ps!r}")
+    if num_executors - num_ps - (1 if eval_node else 0) < 1:
+        raise ConfigError(
+            f"num_executors={num_executors} leaves no node to train after {num_ps} ps node(s)"
+            f"{' and 1 evaluator' if eval_node else ''}; raise num_executors or lower num_ps")
+    if master_node is not None and master_node not in topology.CHIEF_JOBS:
+        raise ConfigError(f"master_node must be 'chief', 'master' or None, got {master_node!r}")
+    if not (isinstance(reservation_timeout, (int, float)) and reservation_timeout > 0):
+        raise ConfigError(f"reservation_timeout must be a positive number of seconds, got {reservation_timeout!r}")
+    try:
+        InputMode(input_mode)
+    except ValueError:
+        raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 0:
+        raise ConfigError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
+
+
+class TFCluster:
+    """A TensorFlow cluster running on Spark executors.
+
+    ``TFCluster.reserve(sc, num_executors, num_ps)`` then ``cluster.start(main_fun, args)``, or
+    ``TFCluster.run(sc, main_fun, args, num_executors, num_ps, ...)`` as in TensorFlowOnSpark.
+    """
+
+    InputMode = InputMode
+
+    def __init__(self, sc, roles, backend, cluster: M.ClusterConfig, default_input_mode: InputMode,
+                 timeline_path: str | None, progress: bool):
+        self.sc = sc
+        self.roles = roles
+        self.backend = backend
+        self.config = cluster  # driver_port is filled in below, once the control service listens
+        self.cluster_id = cluster.cluster_id
+        self.registry = NodeRegistry(cluster.cluster_id, roles, on_complete=self._backend_setup)
+        feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
+        self.scheduler = FeedScheduler(self.registry, feed_ranks)
+        self.service = ControlService(self.registry, self.scheduler, cluster.secret).start()
+        self.config = M.ClusterConfig(**{**vars(cluster), "driver_port": self.service.port})
+        self.driver_host = cluster.driver_host
+        self.feeds = FeedJobs(sc, self.registry, self.scheduler, self.config, self.raise_if_failed, self._abort)
+        self.lifecycle = Lifecycle()
+        self.input_mode: InputMode | None = None
+        self._default_input_mode = default_input_mode
+        self._reservation: S.SparkJob | None = None
+        self._monitor: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._tensorboard = None
+        self._progress_enabled = progress
+        self._progress = None
+        self._timeline_request = timeline_path
+        self.timeline_path: str | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def reserve(cls, sc, num_executors: int, num_ps: int = 0, *, master_node: str | None = "chief",
+                eval_node: bool = False, reservation_timeout: float = 600, num_gpus: int = 0,
+                env: dict | None = None, log_dir: str | None = None, release_port: bool = True,
+                heartbeat_interval: float = 1.0, heartbeat_timeout: float = 30.0,
+                stop_grace_secs: float = 5.0, input_mode=None, tensorboard: bool = False,
+                backend=None, transport: str = "grpc", backend_options: dict | None = None,
+                progress: bool = True, timeline: str | None = None, report_interval: float = 1.0,
+                tensorboard_host: str | None = None, tensorboard_port: int = 0) -> "TFCluster":
+        """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
+
+        Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
+        an evaluator if ``eval_node``, then workers. Fails with ReservationTimeoutError when
+        Spark cannot offer enough slots within ``reservation_timeout`` seconds.
+
+        ``backend``: 'mwms' (ring all-reduce; the default), 'ps' (parameter servers), 'horovod',
+        an import path 'module:Class', or a tfos.backends.Backend (class or instance; its node
+        hooks run on the nodes); ``backend_options`` go to it (e.g. {'communication': 'ring',
+        'bytes_per_pack': 4 << 20} for mwms). ``transport='rdma'`` selects NCCL over
+        InfiniBand/RoCE and fails here on hosts without an RDMA device.
+
+        ``log_dir`` (default: a new temp dir on the driver; use shared storage on a real cluster)
+        is ``ctx.log_dir`` on the nodes; ``tensorboard=True`` serves it from a TensorBoard child of
+        the driver (``cluster.tensorboard_url``). ``progress`` shows a progress bar fed by
+        ``ctx.report()`` / ``tfos.callbacks.progress``; ``timeline='trace.json'`` writes a merged
+        Chrome trace of every rank (feed waits, steps) at shutdown.
+        """
+        validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
+                         InputMode.TENSORFLOW if input_mode is None else input_mode, num_gpus)
+        if tensorboard:
+            from tfos.driver.tensorboard import require_tensorboard
+
+            require_tensorboard()
+        if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+            logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
+                           "nodes; disable dynamic allocation for tfos jobs")
+        from tfos.backends import make_backend
+
+        backend_obj = make_backend(backend, transport, **(backend_options or {}))
+        backend_obj.validate(num_executors, num_ps, master_node)
+        roles = topology.assign_roles(num_executors, num_ps, master_node, eval_node)
+        slots = S.wait_for_slots(sc, num_executors, reservation_timeout)
+        logger.info("tfos: %d task slots available for %d nodes", slots, num_executors)
+        log_dir = log_dir or tempfile.mkdtemp(prefix="tfos-logs-")
+        config = M.ClusterConfig(
+            cluster_id=uuid.uuid4().hex[:12], secret=new_secret(),
+            driver_host=S.driver_host(sc.getConf().get("spark.driver.host")), driver_port=0,
+            roles=tuple(roles), input_mode=int(InputMode.TENSORFLOW), reservation_timeout=float(reservation_timeout),
+            log_dir=log_dir, default_fs=S.default_fs(sc), num_gpus=num_gpus,
+            env={k: str(v) for k, v in (env or {}).items()}, release_port=release_port,
+            heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+            stop_grace_secs=stop_grace_secs, timeline=bool(timeline), report_interval=report_interval)
+        default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
+        cluster = cls(sc, roles, backend_obj, config, default_mode, timeline, progress)
+        if tensorboard:
+            from tfos.driver.tensorboard import TensorBoard
+
+            try:
+                cluster._tensorboard = TensorBoard(log_dir.replace("file://", ""),
+                                                   tensorboard_host or cluster.driver_host, tensorboard_port)
+            except BaseException:
+                cluster.service.stop()
+                raise
+        return cluster
+
+    @classmethod
+    def run(cls, sc, map_fun, tf_args, num_executors, num_ps, tensorboard=False,
+            input_mode=InputMode.TENSORFLOW, log_dir=None, driver_ps_nodes=False, master_node=None,
+            reservation_timeout=600, queues=("input", "output", "error"), eval_node=False,
+            release_port=True, **kwargs) -> "TFCluster":
+        """Reserve and start in one call; TensorFlowOnSpark 2.x signature and defaults.
+
+        ``queues`` is accepted for compatibility (tfos feeds need no queue declaration).
+        Extra keyword arguments go to :meth:`reserve`.
+        """
+        if driver_ps_nodes:
+            raise ConfigError("driver_ps_nodes=True is not supported: tfos runs ps nodes on executors; "
+                              "drop the argument (ps nodes then take num_ps of the num_executors slots)")
+        cluster = cls.reserve(sc, num_executors, num_ps, master_node=master_node, eval_node=eval_node,
+                              reservation_timeout=reservation_timeout, log_dir=log_dir,
+                              release_port=release_port, input_mode=input_mode, tensorboard=tensorboard,
+                              **kwargs)
+        cluster.start(map_fun, tf_args, input_mode=input_mode)
+        return cluster
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, main_fun, tf_args=None, input_mode=None) -> "TFCluster":
+        """Start one TF process per node running ``main_fun(tf_args, ctx)``; returns when every node
+        has registered (the cluster spec is complete). ``input_mode`` defaults to the one given to
+        reserve(), else InputMode.TENSORFLOW."""
+        self.lifecycle.require(Phase.RESERVED, "start")
+        if not callable(main_fun):
+            raise ConfigError(f"main_fun must be callable, got {main_fun!r}")
+        try:
+            self.input_mode = InputMode(self._default_input_mode if input_mode is None else input_mode)
+        except ValueError:
+            raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
+        self.config = M.ClusterConfig(**{**vars(self.config), "input_mode": int(self.input_mode)})
+        self.feeds.cluster = self.config
+        self.lifecycle.to(Phase.STARTING)
+        bootstrap = make_bootstrap(self.config, main_fun, tf_args, self.backend.node_hooks())
+        n = len(self.roles)
+
+        def reservation_ended():
+            job = self._reservation
+            if job is not None and job.error is not None and not self._closing.is_set():
+                self.registry.abort(f"the tfos reservation job failed: {_short(job.error)}")
+
+        self._reservation = S.SparkJob(
+            self.sc, f"tfos-{self.cluster_id}", f"tfos cluster {self.cluster_id}: {n} TF nodes",
+            lambda: self.sc.parallelize(range(n), n).barrier().mapPartitions(bootstrap).collect(),
+            on_done=reservation_ended)
+        self._monitor = threading.Thread(target=self._monitor_loop, name=f"tfos-monitor-{self.cluster_id}",
+                                         daemon=True)
+        self._monitor.start()
+        if self._progress_enabled:
+            from tfos.driver.progress import ProgressMonitor
+
+            self._progress = ProgressMonitor(self).start()
+        err = self._wait_registered(n)
+        if err is not None:
+            self._abort(err)
+            raise err
+        self.lifecycle.to(Phase.RUNNING)
+        logger.info("tfos cluster %s started: %s", self.cluster_id, json.dumps(self.cluster_spec))
+        return self
+
+    def _wait_registered(self, n: int) -> TFOSError | None:
+        timeout = self.config.reservation_timeout
+        deadline = time.monotonic() + timeout
+        reg = self.registry
+        with reg.cond:
+            while not reg.all_registered() and not reg.failures and not reg.abort_reason:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                reg.cond.wait(min(remaining, 1.0))
+            if reg.failures:
+                return NodeFailedError(reg.failures)
+            if reg.abort_reason:
+                return TFOSError(reg.abort_reason + _node_logs_hint(self.cluster_id))
+            if not reg.all_registered():
+                return ReservationTimeoutError(
+                    f"nodes {reg.missing()} of {n} did not start within {timeout:.0f}s (reservation_timeout). Spark "
+                    "may lack free slots (other jobs running?) or the TF processes are slow to import; raise "
+                    "reservation_timeout or free executors." + _node_logs_hint(self.cluster_id))
+        return None
+
+    def _backend_setup(self, nodes) -> dict:
+        config = self.backend.setup(nodes)
+        return dict(config, driver_host=self.driver_host, log_dir=self.config.log_dir)
+
+    @property
+    def tensorboard_url(self) -> str | None:
+        """URL of the TensorBoard serving log_dir (tensorboard=True), else None."""
+        return self._tensorboard.url if self._tensorboard else None
+
+    @property
+    def log_dir(self) -> str:
+        return self.config.log_dir
+
+    @property
+    def cluster_spec(self) -> dict:
+        return topology.cluster_spec(self.registry.registered())
+
+    @property
+    def nodes(self) -> list[dict]:
+        """Registered node descriptions (node_index, job_name, task_index, host, ports, pid)."""
+        return self.registry.node_dicts()
+
+    def metrics(self) -> dict[int, dict]:
+        """Latest values each node sent with ``ctx.report(...)``, by node index."""
+        return self.registry.metrics()
+
+    @property
+    def feed_rows_total(self) -> dict[int, int]:
+        """Rows fed to each node over all train() calls."""
+        return self.feeds.rows_total
+
+    def train(self, data, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input",
+              chunk_rows: int | None = None) -> int:
+        """Stream ``data`` (an RDD of tuples/lists/dicts/arrays, or a DataFrame) into the training
+        nodes ``num_epochs`` times (InputMode.SPARK). Every row reaches exactly one node once per
+        epoch, shares balanced across nodes; then every node's feed ends. Returns the rows fed.
+
+        Raises FeedTimeoutError if a node accepts no data for ``feed_timeout`` seconds, FeedError
+        for rows that cannot be converted, NodeFailedError if a node fails meanwhile.
+        """
+        self._check_running("train")
+        if not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ConfigError(f"num_epochs must be a positive int, got {num_epochs!r}")
+        return self.feeds.train(data, num_epochs, feed_timeout, qname, chunk_rows)
+
+    def inference(self, data, feed_timeout: float = 600, qname: str = "input", chunk_rows: int | None = None,
+                  output_column: str = "prediction", output_type: str | None = None):
+        """One result per input row, in input order within each partition (InputMode.SPARK).
+
+        RDD in -> RDD of results (lazy, like any RDD). DataFrame in -> the same DataFrame plus
+        ``output_column`` of Spark SQL type ``output_type`` (e.g. 'double', 'array<float>').
+        main_fun answers with ``feed.batch_results(...)``.
+        """
+        self._check_running("run inference")
+        return self.feeds.inference(data, feed_timeout, qname, chunk_rows, output_column, output_type)
+
+    def _check_running(self, what: str) -> None:
+        self.raise_if_failed()
+        self.lifecycle.require(Phase.RUNNING, what)
+        if self.input_mode != InputMode.SPARK:
+            raise ClusterStateError(f"cluster.{what.split()[-1]}() feeds data from Spark: start the cluster with "
+                                    "input_mode=InputMode.SPARK (in InputMode.TENSORFLOW nodes read their own files)")
+
+    def shutdown(self, grace_secs: float = 0, timeout: float = 259200) -> None:
+        """Wait for the chief and workers to finish, stop ps/evaluator nodes, release the executors.
+
+        Raises NodeFailedError (with each failed node's traceback and log tail) if any node failed,
+        TFOSTimeoutError if the training nodes are still running after ``timeout`` seconds.
+        """
+        phase = self.lifecycle.phase
+        if phase is Phase.SHUT_DOWN:
+            return
+        if phase is Phase.FAILED:
+            raise self.lifecycle.error
+        if phase is Phase.RESERVED:
+            self._release()
+            self.lifecycle.to(Phase.SHUT_DOWN)
+            return
+        self.lifecycle.to(Phase.SHUTTING_DOWN)
+        if timeout is None or timeout < 0:  # TensorFlowOnSpark: timeout=-1 waits forever
+            timeout = float("inf")
+        if self.input_mode == InputMode.SPARK:
+            self.feeds.close_feeds()
+        reg = self.registry
+        trainers = [i for i, (job, _) in enumerate(self.roles) if job in self.backend.finishing_jobs]
+        others = [i for i in range(len(self.roles)) if i not in trainers]
+        deadline = time.monotonic() + timeout
+        with reg.cond:
+            while reg.unfinished(trainers) and not reg.failures:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                reg.cond.wait(min(remaining, 1.0))  # inf timeout: wakes every second
+            running = [] if reg.failures else reg.unfinished(trainers)
+        if running:
+            err = TFOSTimeoutError(f"training nodes {running} still running after {timeout:.0f}s; "
+                                   "raise shutdown(timeout=...)")
+            self._abort(err)
+            raise err
+        if others and not reg.failures:
+            with reg.cond:
+                reg.cond.wait_for(lambda: not reg.unfinished(others), timeout=grace_secs)
+        self._stop_nodes(range(len(self.roles)))
+        if reg.failures:
+            err = NodeFailedError(reg.failures)
+            self.lifecycle.to(Phase.FAILED, err)
+            self._release()
+            raise err
+        self._release()
+        self.lifecycle.to(Phase.SHUT_DOWN)
+        logger.info("tfos cluster %s shut down", self.cluster_id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.shutdown()
+        elif not self.lifecycle.ended:
+            self._abort(TFOSError(f"aborted by {exc_type.__name__}"))
+
+    # ------------------------------------------------------------------ internals
+    def raise_if_failed(self) -> None:
+        """Raise NodeFailedError if any node has failed; later calls raise it again."""
+        with self.registry.cond:
+            failures = list(self.registry.failures)
+        if failures:
+            self._abort(NodeFailedError(failures))
+            raise self.lifecycle.error
+
+    def _monitor_loop(self) -> None:
+        interval = max(0.2, self.config.heartbeat_interval)
+        while not self._closing.wait(interval):
+            self.registry.check_heartbeats(self.config.heartbeat_timeout)
+
+    def _stop_nodes(self, which) -> None:
+        """Ask the agents of ``which`` nodes to stop and wait until they report their exits."""
+        which = list(which)
+        reg = self.registry
+        reg.request_stop(which)
+        c = self.config
+        timeout = c.heartbeat_interval * 2 + c.stop_grace_secs + 15
+        with reg.cond:
+            started = reg.started(which)
+            done = reg.cond.wait_for(lambda: not reg.unfinished(started), timeout=timeout)
+        if not done:
+            logger.warning("tfos nodes %s did not confirm their exit within %.0fs", reg.unfinished(started), timeout)
+
+    def _abort(self, err: TFOSError) -> None:
+        """Fail the cluster (once): stop every node and release everything."""
+        if not self.lifecycle.fail(err):
+            return
+        self.registry.abort(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        self._stop_nodes(range(len(self.roles)))
+        self._release()
+
+    def _release(self) -> None:
+        self._closing.set()
+        job = self._reservation
+        if job is not None and not job.done.is_set():
+            job.thread.join(timeout=10)
+            job.cancel()
+        if self._monitor is not None:
+            self._monitor.join(timeout=5)
+        self.backend.teardown()
+        self._finish_reporting()
+        if self._tensorboard is not None:
+            self._tensorboard.stop()
+            self._tensorboard = None
+        self.service.stop()
+
+    def _finish_reporting(self) -> None:
+        """Close the progress bar, log the per-rank table, write the merged timeline."""
+        from tfos.driver import progress as prog
+
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        summary = self.registry.summary()
+        if summary is None:
+            return
+        nodes_state, events, hosts = summary
+        logger.info("tfos cluster %s per-rank summary:\n%s", self.cluster_id,
+                    prog.rank_table(self.roles, nodes_state, self.feeds.rows_total))
+        if self._timeline_request:
+            self.timeline_path = prog.write_timeline(
+                self._timeline_request, prog.chrome_trace(self.roles, hosts, events, self.feeds.events))
+            logger.info("tfos cluster timeline written to %s (open in chrome://tracing or Perfetto)",
+                        self.timeline_path)
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    for line in text:
+        if "TFOSError" in line or "Error:" in line:
+            return line.strip()[:500]
+    return (text[0] if text else type(e).__name__)[:500]
+
+
+def _node_logs_hint(cluster_id: str) -> str:
+    return f" Node logs: {os.path.dirname(node_dir(cluster_id, 0))}/node-*/ on each executor host."

@@ -1,0 +1,79 @@
+"""The driver's cluster lifecycle: phases and the one transition function (runs on the driver).
+
+::
+
+    RESERVED --start()--> STARTING --all registered--> RUNNING --shutdown()--> SHUTTING_DOWN --> SHUT_DOWN
+        |                     |                            |                        |
+        +---------------------+------------ any failure ---+------------------------+--> FAILED
+    RESERVED --shutdown() before start()--> SHUT_DOWN
+
+The first error that fails the cluster is recorded once; every later call re-raises it.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+
+from tfos.errors import ClusterStateError, TFOSError
+
+
+class Phase(enum.Enum):
+    RESERVED = "reserved"
+    STARTING = "starting"
+    RUNNING = "running"
+    SHUTTING_DOWN = "shutting down"
+    SHUT_DOWN = "shut down"
+    FAILED = "failed"
+
+
+TRANSITIONS: dict[Phase, frozenset] = {
+    Phase.RESERVED: frozenset({Phase.STARTING, Phase.SHUT_DOWN, Phase.FAILED}),
+    Phase.STARTING: frozenset({Phase.RUNNING, Phase.FAILED}),
+    Phase.RUNNING: frozenset({Phase.SHUTTING_DOWN, Phase.FAILED}),
+    Phase.SHUTTING_DOWN: frozenset({Phase.SHUT_DOWN, Phase.FAILED}),
+    Phase.SHUT_DOWN: frozenset(),
+    Phase.FAILED: frozenset(),
+}
+
+
+def allowed(current: Phase, target: Phase) -> bool:
+    """Pure: whether the lifecycle may go from ``current`` to ``target``."""
+    return target in TRANSITIONS[current]
+
+
+class Lifecycle:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.phase = Phase.RESERVED
+        self.error: TFOSError | None = None
+
+    def to(self, target: Phase, error: TFOSError | None = None) -> None:
+        """Move to ``target``; an illegal transition raises ClusterStateError. Going to FAILED
+        records ``error`` (the first one only)."""
+        with self._lock:
+            if not allowed(self.phase, target):
+                raise ClusterStateError(f"the cluster cannot go from {self.phase.value} to {target.value}")
+            if target is Phase.FAILED and self.error is None:
+                self.error = error
+            self.phase = target
+
+    def fail(self, error: TFOSError) -> bool:
+        """Fail the cluster unless it already ended; returns whether this call failed it."""
+        with self._lock:
+            if self.phase in (Phase.SHUT_DOWN, Phase.FAILED):
+                return False
+            self.phase = Phase.FAILED
+            self.error = self.error or error
+            return True
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in (Phase.SHUT_DOWN, Phase.FAILED)
+
+    def require(self, phase: Phase, what: str) -> None:
+        """Raise the recorded error if the cluster failed, ClusterStateError if it is not in ``phase``."""
+        if self.phase is Phase.FAILED and self.error is not None:
+            raise self.error
+        if self.phase is not phase:
+            raise ClusterStateError(f"cannot {what}: the cluster is {self.phase.value} (expected {phase.value})")

@@ -1,0 +1,121 @@
+"""Progress on the driver: one progress bar per cluster, a per-rank table at the end, and the
+merged cluster timeline (Chrome trace JSON). Runs in the Spark driver."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+logger = logging.getLogger(__name__)
+
+
+
+def rank_table(roles, nodes_state, feed_rows: dict) -> str:
+    """Pure: the end-of-run table, one line per node."""
+    head = f"{'node':>4} {'role':<12} {'host':<16} {'step':>7} {'loss':>9} {'ex/s':>9} {'rows fed':>9} {'exit':>5}"
+    lines = [head, "-" * len(head)]
+    for i, (job, idx) in enumerate(roles):
+        st = nodes_state.get(i, {})
+        m = st.get("metrics", {})
+        loss = m.get("loss")
+        eps = m.get("examples_per_sec")
+        lines.append(f"{i:>4} {job + ':' + str(idx):<12} {str(st.get('host', '?'))[:16]:<16} "
+                     f"{str(m.get('step', '-')):>7} {('%.4f' % loss) if isinstance(loss, (int, float)) else '-':>9} "
+                     f"{('%.0f' % eps) if isinstance(eps, (int, float)) else '-':>9} "
+                     f"{feed_rows.get(i, 0):>9} {str(st.get('exit', '-')):>5}")
+    return "\n".join(lines)
+
+
+def chrome_trace(roles, hosts: dict, node_events: dict, driver_events: list) -> dict:
+    """Pure: merge per-node events into one Chrome/Perfetto trace (pid = node index, driver last)."""
+    events = []
+    driver_pid = len(roles)
+    cats: dict[str, int] = {}
+    for i, (job, idx) in enumerate(roles):
+        events.append({"name": "process_name", "ph": "M", "pid": i,
+                       "args": {"name": f"node {i} {job}:{idx} @ {hosts.get(i, '?')}"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": i, "args": {"sort_index": i}})
+    events.append({"name": "process_name", "ph": "M", "pid": driver_pid, "args": {"name": "driver (Spark feeding)"}})
+    for pid, evs in list(node_events.items()) + [(driver_pid, driver_events)]:
+        for ev in evs:
+            tid = cats.setdefault(ev.get("cat", "misc"), len(cats) + 1)
+            events.append(dict(ev, pid=pid, tid=tid))
+    for pid in list(node_events) + [driver_pid]:
+        for cat, tid in cats.items():
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": cat}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+class ProgressMonitor:
+    """Shows a tqdm bar (console or notebook) with the slowest rank's step, mean loss and total
+    examples/s, refreshed from the nodes' reports."""
+
+    def __init__(self, cluster, interval: float = 0.5):
+        self.cluster = cluster
+        self.interval = interval
+        self._stop = threading.Event()
+        self._bar = None
+        self._thread = threading.Thread(target=self._loop, name=f"tfos-progress-{cluster.cluster_id}", daemon=True)
+
+    def start(self) -> "ProgressMonitor":
+        self._thread.start()
+        return self
+
+    def _trainers(self):
+        return [i for i, (job, _) in enumerate(self.cluster.roles) if job in self.cluster.backend.finishing_jobs]
+
+    def _update(self) -> None:
+        metrics = self.cluster.metrics()
+        trainers = self._trainers()
+        steps = [metrics[i].get("step") for i in trainers if metrics.get(i, {}).get("step") is not None]
+        rows = sum(int(metrics[i].get("rows_read", 0)) for i in metrics)
+        if not steps and not rows:
+            return
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(desc=f"tfos {self.cluster.cluster_id}", unit="step", dynamic_ncols=True,
+                             leave=True)
+        step = min(steps) if steps else 0
+        if step > self._bar.n:
+            self._bar.update(step - self._bar.n)
+        losses = [metrics[i]["loss"] for i in trainers if isinstance(metrics.get(i, {}).get("loss"), (int, float))]
+        eps = sum(metrics[i].get("examples_per_sec", 0) or 0 for i in trainers)
+        post = {}
+        if losses:
+            post["loss"] = f"{sum(losses) / len(losses):.4f}"
+        if eps:
+            post["ex/s"] = f"{eps:.0f}"
+        if rows:
+            post["rows fed"] = rows
+        self._bar.set_postfix(post, refresh=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._update()
+            except Exception as e:  # a display problem must never break training
+                logger.debug("progress display failed: %s", e)
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            self._update()
+        except Exception:
+            pass
+        if self._bar is not None:
+            self._bar.close()
+
+
+def write_timeline(path: str, trace: dict) -> str:
+    path = path.replace("file://", "")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(trace, f)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,205 @@
+"""The driver's registry of nodes: registration, the cluster spec rendezvous, agent liveness,
+exits and failures, reported metrics (runs on the driver).
+
+Thread-safe; every wait uses the one condition ``cond`` (the control service's threads, the
+monitor thread and the public API share it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tfos.errors import NodeFailure, ProtocolError
+from tfos.wire import messages as M
+
+logger = logging.getLogger(__name__)
+
+#: Bound on timeline events kept per node on the driver.
+MAX_EVENTS_PER_NODE = 200000
+
+
+@dataclass
+class NodeState:
+    job_name: str
+    task_index: int
+    info: M.NodeInfo | None = None  # once the TF process registered
+    agent: M.AgentStarted | None = None
+    last_heartbeat: float = 0.0
+    exited: M.NodeExited | None = None
+    stop: bool = False
+    metrics: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)  # timeline events reported by the node
+
+
+class NodeRegistry:
+    def __init__(self, cluster_id: str, roles: list[tuple[str, int]], on_complete=None):
+        self.cluster_id = cluster_id
+        self.roles = roles
+        self.cond = threading.Condition()
+        self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(roles)}
+        self.failures: list[NodeFailure] = []
+        self.abort_reason: str | None = None
+        self.on_complete = on_complete  # nodes -> backend config, called once when every node registered
+        self.backend_config: dict | None = None
+
+    # -- queries (callers hold ``cond`` where consistency matters)
+    def node(self, i) -> NodeState:
+        if not isinstance(i, int) or i not in self.nodes:
+            raise ProtocolError(f"unknown node index {i!r}")
+        return self.nodes[i]
+
+    def host_of(self, i: int) -> str:
+        n = self.nodes[i]
+        if n.info:
+            return n.info.host
+        return n.agent.host if n.agent else "?"
+
+    def all_registered(self) -> bool:
+        return all(n.info is not None for n in self.nodes.values())
+
+    def missing(self) -> list[int]:
+        return [i for i, n in self.nodes.items() if n.info is None]
+
+    def unfinished(self, which) -> list[int]:
+        return [i for i in which if self.nodes[i].exited is None]
+
+    def registered(self) -> list[M.NodeInfo]:
+        with self.cond:
+            return [n.info for _, n in sorted(self.nodes.items()) if n.info]
+
+    def started(self, which) -> list[int]:
+        return [i for i in which if self.nodes[i].agent or self.nodes[i].info]
+
+    # -- state changes
+    def fail(self, failure: NodeFailure) -> None:
+        """Record a failure and ask every node to stop. Caller holds the condition."""
+        if any(f.node_index == failure.node_index for f in self.failures):
+            return
+        logger.error("tfos node %d (%s:%d on %s) failed: %s", failure.node_index, failure.job_name,
+                     failure.task_index, failure.host, failure.reason)
+        self.failures.append(failure)
+        for n in self.nodes.values():
+            n.stop = True
+        self.cond.notify_all()
+
+    def abort(self, reason: str) -> None:
+        with self.cond:
+            self.abort_reason = self.abort_reason or reason
+            self.cond.notify_all()
+
+    def request_stop(self, which) -> None:
+        with self.cond:
+            for i in which:
+                self.nodes[i].stop = True
+            self.cond.notify_all()
+
+    # -- control service handlers (server threads)
+    def on_register(self, msg: M.RegisterNode):
+        info = msg.node
+        with self.cond:
+            n = self.node(info.node_index)
+            if (info.job_name, info.task_index) != (n.job_name, n.task_index):
+                return M.ErrorReply(f"node {info.node_index} registered as {info.job_name}:{info.task_index}, "
+                                    f"expected {n.job_name}:{n.task_index}")
+            n.info = info
+            self.cond.notify_all()
+        logger.info("tfos node %d registered: %s:%d at %s:%d", info.node_index, info.job_name, info.task_index,
+                    info.host, info.tf_port)
+        return M.Ack()
+
+    def on_cluster_spec(self, msg: M.GetClusterSpec):
+        deadline = time.monotonic() + msg.timeout
+        with self.cond:
+            me = self.node(msg.node_index)
+            while not self.all_registered():
+                if self.failures or self.abort_reason or me.stop:
+                    return M.ErrorReply("cluster start aborted: " + (self.abort_reason or "another node failed"))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return M.ErrorReply(f"nodes {self.missing()} did not register within {msg.timeout:.0f}s "
+                                        "(raise reservation_timeout)")
+                self.cond.wait(min(remaining, 1.0))
+            nodes = tuple(self.nodes[i].info for i in sorted(self.nodes))
+            if self.backend_config is None:
+                try:
+                    self.backend_config = self.on_complete(nodes) if self.on_complete else {}
+                except Exception as e:
+                    logger.exception("backend setup failed")
+                    self.abort_reason = f"backend setup on the driver failed: {e}"
+                    self.cond.notify_all()
+                    return M.ErrorReply(self.abort_reason)
+            return M.ClusterSpecReply(nodes, self.backend_config)
+
+    def on_agent_started(self, msg: M.AgentStarted):
+        with self.cond:
+            n = self.node(msg.node_index)
+            n.agent = msg
+            n.last_heartbeat = time.monotonic()
+            self.cond.notify_all()
+            return M.HeartbeatReply(stop=n.stop)
+
+    def on_heartbeat(self, msg: M.Heartbeat):
+        with self.cond:
+            n = self.node(msg.node_index)
+            n.last_heartbeat = time.monotonic()
+            return M.HeartbeatReply(stop=n.stop)
+
+    def on_node_exited(self, msg: M.NodeExited):
+        with self.cond:
+            n = self.node(msg.node_index)
+            if n.exited is None:
+                n.exited = msg
+                if (msg.exit_code != 0 or msg.reason) and not (msg.stopped_by_driver or n.stop):
+                    reason = ("the TF process raised an exception" if msg.traceback else
+                              f"TF process exited with code {msg.exit_code}" +
+                              (f" (killed by signal {-msg.exit_code})" if msg.exit_code < 0 else ""))
+                    if msg.reason:
+                        reason += f"; the node agent stopped it: {msg.reason}"
+                    self.fail(NodeFailure(msg.node_index, n.job_name, n.task_index, self.host_of(msg.node_index),
+                                          reason, msg.exit_code, msg.traceback, msg.log_tail, msg.log_path))
+                self.cond.notify_all()
+        return M.Ack()
+
+    def on_report(self, msg: M.Report):
+        with self.cond:
+            n = self.node(msg.node_index)
+            n.metrics.update(msg.values)
+            room = MAX_EVENTS_PER_NODE - len(n.events)
+            if room > 0 and msg.events:
+                n.events.extend(msg.events[:room])
+        return M.Ack()
+
+    # -- liveness (monitor thread)
+    def check_heartbeats(self, timeout: float) -> None:
+        now = time.monotonic()
+        with self.cond:
+            for i, n in self.nodes.items():
+                if n.agent and n.exited is None and now - n.last_heartbeat > timeout:
+                    self.fail(NodeFailure(i, n.job_name, n.task_index, self.host_of(i),
+                                          f"lost contact with the node agent (no heartbeat for {timeout:.0f}s; "
+                                          "its executor may have died). Raise heartbeat_timeout if executors "
+                                          "are merely overloaded"))
+                    n.exited = M.NodeExited(self.cluster_id, i, -1, "", "", "", False)
+
+    # -- reporting
+    def metrics(self) -> dict[int, dict]:
+        with self.cond:
+            return {i: dict(n.metrics) for i, n in self.nodes.items()}
+
+    def summary(self) -> tuple[dict, dict, dict] | None:
+        """``(per-node state, events, hosts)`` for the end-of-run table and timeline; None if no node started."""
+        with self.cond:
+            if not any(n.info or n.agent for n in self.nodes.values()):
+                return None
+            state = {i: {"metrics": dict(n.metrics), "host": self.host_of(i),
+                         "exit": n.exited.exit_code if n.exited else None} for i, n in self.nodes.items()}
+            events = {i: list(n.events) for i, n in self.nodes.items()}
+            hosts = {i: self.host_of(i) for i in self.nodes}
+        return state, events, hosts
+
+    def node_dicts(self) -> list[dict]:
+        return [dataclasses.asdict(n) for n in self.registered()]

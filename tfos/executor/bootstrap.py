@@ -1,0 +1,101 @@
+"""The Spark barrier task on each executor (runs in the executor's Python worker).
+
+It prepares the node directory, hands the user's function (with the backend's node hooks) to
+the node by a private local file, and launches the node agent (``python -m tfos.agent``) as a
+detached process with its :class:`~tfos.wire.messages.NodeConfig` on stdin. In
+InputMode.TENSORFLOW the task then holds its slot until the agent exits; in InputMode.SPARK it
+returns at once so the executor's slot is free for the tasks that feed data.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+from tfos.errors import TFOSError
+from tfos.host import processes
+from tfos.topology import InputMode
+from tfos.wire import messages as M
+
+#: How the node agent is started: ``python -u -m tfos.agent`` (pure, tested).
+AGENT_MODULE = "tfos.agent"
+
+
+def agent_command(python: str) -> list[str]:
+    return [python, "-u", "-m", AGENT_MODULE]
+
+
+def node_dir(cluster_id: str, node_index: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"tfos-{cluster_id}", f"node-{node_index}")
+
+
+def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
+    """Return the mapPartitions function of the reservation barrier stage."""
+
+    def bootstrap(_iterator):
+        from pyspark import BarrierTaskContext, cloudpickle
+
+        ctx = BarrierTaskContext.get()
+        i = ctx.partitionId()
+        address = ctx.getTaskInfos()[i].address
+        node_host = address.rsplit(":", 1)[0] if ":" in address else address
+        res = ctx.resources()
+        ndir = node_dir(cluster.cluster_id, i)
+        os.makedirs(ndir, mode=0o700, exist_ok=True)
+        fn_path = os.path.join(ndir, "main_fun.pkl")
+        fd = os.open(fn_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            cloudpickle.dump((main_fun, tf_args, node_hooks), f)
+        job, task_index = cluster.roles[i]
+        cfg = M.NodeConfig(cluster=cluster, node_index=i, job_name=job, task_index=task_index, host=node_host,
+                           node_dir=ndir, fn_path=fn_path, working_dir=os.getcwd(), python=sys.executable,
+                           sys_path=tuple(p for p in sys.path if p),
+                           spark_gpus=tuple(res["gpu"].addresses) if "gpu" in res else (),
+                           jvm_pid=processes.jvm_ancestor())
+        proc = launch_agent(cfg)
+        status = wait_started(proc, timeout=cluster.reservation_timeout, ndir=ndir)
+        if cluster.input_mode == InputMode.TENSORFLOW:
+            proc.wait()  # the agent's own watchdogs bound its life (driver heartbeat, executor JVM)
+        yield f"node {i} on {node_host}: {status}"
+
+    return bootstrap
+
+
+def launch_agent(cfg: M.NodeConfig) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(cfg.sys_path)
+    with open(os.path.join(cfg.node_dir, "agent.err"), "ab") as err:
+        proc = subprocess.Popen(agent_command(cfg.python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, cwd=cfg.working_dir, env=env, start_new_session=True, close_fds=True)
+    proc.stdin.write(M.encode(cfg) + b"\n")
+    proc.stdin.close()
+    return proc
+
+
+def wait_started(proc: subprocess.Popen, timeout: float, ndir: str) -> str:
+    """Read the agent's first line: ``STARTED`` or ``FAILED <reason>``."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            processes.terminate(proc, 1.0, "node agent")
+            raise TFOSError(f"node agent did not start within {timeout:.0f}s (raise reservation_timeout); "
+                            f"see {ndir}/agent.log")
+        ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 1.0))
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+    line = buf.decode("utf-8", "replace").strip()
+    proc.stdout.close()
+    if not line.startswith("STARTED"):
+        detail = processes.tail(os.path.join(ndir, "agent.err"), 20) or processes.tail(
+            os.path.join(ndir, "agent.log"), 20)
+        raise TFOSError(f"node agent failed to start: {line or 'no output'}\n{detail}")
+    return line

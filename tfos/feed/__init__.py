@@ -1,2 +1,0 @@
-"""Data feeding for InputMode.SPARK (``producer``: Spark tasks; ``consumer``: TF process;
-``driver_side``: the driver)."""

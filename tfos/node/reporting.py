@@ -1,0 +1,92 @@
+"""Progress values and timeline events sent by the TF process to the driver (runs in the TF process).
+
+``report()`` keeps the latest values and a background thread sends them
+at most once per ``report_interval`` seconds, so calling it every step costs a dict update.
+Timeline events (Chrome trace "X" events with wall-clock microseconds) are buffered, bounded,
+and shipped with the reports; with no timeline requested, ``trace()`` records nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+from tfos.errors import TFOSError
+from tfos.wire.clients import DriverClient
+
+logger = logging.getLogger(__name__)
+
+MAX_BUFFERED_EVENTS = 20000
+
+
+def _jsonable(v):
+    if isinstance(v, (str, bool, int, float)) or v is None:
+        return v
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+class Reporter:
+    def __init__(self, driver: DriverClient, interval: float = 1.0, timeline: bool = False):
+        self.driver = driver
+        self.interval = interval
+        self.timeline = timeline
+        self._lock = threading.Lock()
+        self._values: dict = {}
+        self._dirty = False
+        self._events: list = []
+        self._dropped = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tfos-reporter", daemon=True)
+        self._thread.start()
+
+    def report(self, values: dict) -> None:
+        with self._lock:
+            self._values.update({k: _jsonable(v) for k, v in values.items()})
+            self._values["time"] = time.time()
+            self._dirty = True
+
+    def event(self, name: str, cat: str, start: float, end: float, args: dict | None = None) -> None:
+        """Record one complete event; ``start``/``end`` are time.time() seconds."""
+        if not self.timeline:
+            return
+        ev = {"name": name, "cat": cat, "ph": "X", "ts": int(start * 1e6), "dur": max(1, int((end - start) * 1e6))}
+        if args:
+            ev["args"] = args
+        with self._lock:
+            if len(self._events) < MAX_BUFFERED_EVENTS:
+                self._events.append(ev)
+            else:
+                self._dropped += 1
+
+    @contextlib.contextmanager
+    def trace(self, name: str, cat: str = "step", **args):
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.event(name, cat, t0, time.time(), args or None)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._dirty and not self._events:
+                return
+            values, events = dict(self._values), self._events
+            self._events, self._dirty = [], False
+        try:
+            self.driver.report(values, events)
+        except (TFOSError, OSError) as e:
+            logger.debug("progress report not delivered: %s", e)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()

@@ -1,0 +1,109 @@
+"""Helpers for testing tfos programs: an embedded multi-executor Spark cluster, optionally with
+fake GPUs served by a discovery script, and a check for leftover tfos processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import tempfile
+import time
+
+from tfos.agent.supervisor import TF_PROCESS_MODULE
+from tfos.executor.bootstrap import AGENT_MODULE
+
+
+def gpu_discovery_script(addresses, directory: str | None = None) -> str:
+    """Write a Spark resource discovery script announcing ``addresses`` as GPUs; return its path."""
+    directory = directory or tempfile.mkdtemp(prefix="tfos-gpus-")
+    path = os.path.join(directory, "discover_gpus.sh")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\necho '%s'\n" % json.dumps({"name": "gpu", "addresses": [str(a) for a in addresses]}))
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def local_cluster_session(num_executors: int = 2, cores: int = 1, memory_mb: int = 1024,
+                          fake_gpus_per_executor: int = 0, app_name: str = "tfos", conf: dict | None = None,
+                          wait_secs: float = 120.0):
+    """A SparkSession on ``local-cluster[num_executors,cores,memory_mb]``: separate executor JVMs
+    on this host, the closest local stand-in for a real cluster. Executors run this Python.
+
+    With ``fake_gpus_per_executor``, each executor announces that many GPUs through a discovery
+    script and every task gets one, so GPU scheduling is exercised without GPUs.
+    Waits until all executors have registered.
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    b = (SparkSession.builder.master(f"local-cluster[{num_executors},{cores},{memory_mb}]").appName(app_name)
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.pyspark.python", sys.executable)
+         .config("spark.task.maxFailures", "1")
+         .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(p for p in sys.path if p)))
+    if fake_gpus_per_executor:
+        script = gpu_discovery_script(range(fake_gpus_per_executor))
+        b = (b.config("spark.worker.resource.gpu.amount", str(fake_gpus_per_executor))
+             .config("spark.worker.resource.gpu.discoveryScript", script)
+             .config("spark.executor.resource.gpu.amount", str(fake_gpus_per_executor))
+             .config("spark.executor.resource.gpu.discoveryScript", script)
+             .config("spark.task.resource.gpu.amount", "1"))
+    for k, v in (conf or {}).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    jsc = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + wait_secs
+    while jsc.statusTracker().getExecutorInfos().__len__() - 1 < num_executors:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {jsc.statusTracker().getExecutorInfos().__len__() - 1} of {num_executors} "
+                               f"executors registered within {wait_secs:.0f}s")
+        time.sleep(0.25)
+    return spark
+
+
+def example_session(num_executors: int = 2, app_name: str = "tfos-example"):
+    """The SparkSession an example should use: the one spark-submit (or a notebook) already set up,
+    with its --master; else an embedded local-cluster with ``num_executors`` executors."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # launched by spark-submit: honour its --master
+        return SparkSession.builder.appName(app_name).getOrCreate()
+    return local_cluster_session(num_executors, app_name=app_name)
+
+
+def tfos_processes():
+    """psutil.Process objects of tfos agents and TF processes running on this host."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if any(m in cmd for m in (AGENT_MODULE, TF_PROCESS_MODULE)):
+            found.append(p)
+    return found
+
+
+def wait_no_tfos_processes(timeout: float = 30.0):
+    """Wait until no tfos agent or TF process is left; return the leftovers (empty list if none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = tfos_processes()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds passed; return its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

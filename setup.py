@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfos", "tfos.*"]),
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=["pyarrow>=14", "numpy", "tqdm", "protobuf>=4.23", "google-crc32c>=1.5"],
     extras_require={
         "tf": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'"],

@@ -130,3 +130,12 @@ def test_horovod_missing_is_a_clear_error():
         pass
     with pytest.raises(ConfigError, match="pip install tfos\\[horovod\\]"):
         B.make_backend("horovod").validate(2, 0, "chief")
+
+
+@pytest.mark.parametrize("old", ["driver_setup", "node_env", "run_node", "options", "strategy"])
+def test_a_backend_with_old_single_class_hooks_is_told_where_they_go(old):
+    cls = type("OldStyle", (B.MWMSBackend,), {old: lambda self, *a: None})
+    with pytest.raises(ConfigError, match=f"OldStyle defines {old}"):
+        B.make_backend(cls)
+    with pytest.raises(ConfigError, match="NodeHooks|Backend.setup|Backend.node_options"):
+        B.make_backend(cls())

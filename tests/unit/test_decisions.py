@@ -11,7 +11,7 @@ import pytest
 from tfos import topology as T
 from tfos.agent import gpus as G
 from tfos.agent.supervisor import tf_process_command
-from tfos.driver.cluster import validate_reserve
+from tfos.driver.cluster import _seconds, validate_reserve
 from tfos.driver.feed_scheduler import pick_node
 from tfos.driver.lifecycle import Lifecycle, Phase, allowed
 from tfos.errors import ClusterStateError, ConfigError, TFOSError
@@ -211,3 +211,14 @@ def test_node_and_agent_packages_do_not_load_driver_modules():
 def test_public_names_resolve_lazily():
     mods = _imported_after("import tfos; tfos.TFCluster; tfos.NodeContext; tfos.DataFeed; tfos.TFNode")
     assert "tfos.driver.cluster" in mods and "tfos.node.context" in mods
+
+
+@pytest.mark.parametrize("value,allow_zero,expected", [(1, False, 1.0), (0.5, False, 0.5), (0, True, 0.0),
+                                                       (0, False, None), (-1, True, None), (None, False, None),
+                                                       (True, False, None), ("5", False, None)])
+def test_duration_settings_are_checked_before_they_cross_to_the_nodes(value, allow_zero, expected):
+    if expected is None:
+        with pytest.raises(ConfigError, match="heartbeat_timeout must be"):
+            _seconds("heartbeat_timeout", value, allow_zero)
+    else:
+        assert _seconds("heartbeat_timeout", value, allow_zero) == expected

@@ -27,6 +27,21 @@ def load_backend_class(path: str) -> type:
     return cls
 
 
+#: Hook names of the single-class Backend of tfos <= 0.1 -> where that hook lives now.
+_RENAMED = {"driver_setup": "Backend.setup", "driver_teardown": "Backend.teardown",
+            "options": "Backend.node_options", "node_env": "NodeHooks.env", "run_node": "NodeHooks.run",
+            "strategy": "NodeHooks.strategy"}
+
+
+def _check_hooks(cls: type) -> None:
+    """A Backend subclass still defining an old hook name would silently lose it: say where it goes."""
+    old = [name for name in _RENAMED if any(name in vars(k) for k in cls.__mro__ if k is not Backend)]
+    if old:
+        raise ConfigError(f"{cls.__name__} defines {', '.join(old)}: backends now have a driver half (Backend) and a "
+                          "node half (NodeHooks, named by Backend.node_class); move them to "
+                          + ", ".join(_RENAMED[n] for n in old))
+
+
 def make_backend(spec=None, transport: str = "grpc", **options) -> Backend:
     """A Backend from a name ('mwms' | 'ps' | 'horovod'), an import path, a class, an instance,
     or None ('mwms').
@@ -35,6 +50,7 @@ def make_backend(spec=None, transport: str = "grpc", **options) -> Backend:
     'ps' must be asked for explicitly, since it runs the servers itself and main_fun on the chief only.
     """
     if isinstance(spec, Backend):
+        _check_hooks(type(spec))
         return spec
     if isinstance(spec, type) and issubclass(spec, Backend):
         cls = spec
@@ -44,6 +60,7 @@ def make_backend(spec=None, transport: str = "grpc", **options) -> Backend:
             raise ConfigError(f"backend must be one of {sorted(BACKENDS)}, an import path 'module:Class', a "
                               f"Backend subclass or instance; got {spec!r}")
         cls = load_backend_class(BACKENDS.get(name, name))
+    _check_hooks(cls)
     try:
         return cls(transport=transport, **options)
     except TypeError as e:

@@ -56,6 +56,14 @@ def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_
         raise ConfigError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
 
 
+def _seconds(name: str, value, allow_zero: bool = False) -> float:
+    """Pure: a duration setting as float seconds, or ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number of seconds, "
+                          f"got {value!r}")
+    return float(value)
+
+
 class TFCluster:
     """A TensorFlow cluster running on Spark executors.
 
@@ -141,9 +149,11 @@ class TFCluster:
             driver_host=S.driver_host(sc.getConf().get("spark.driver.host")), driver_port=0,
             roles=tuple(roles), input_mode=int(InputMode.TENSORFLOW), reservation_timeout=float(reservation_timeout),
             log_dir=log_dir, default_fs=S.default_fs(sc), num_gpus=num_gpus,
-            env={k: str(v) for k, v in (env or {}).items()}, release_port=release_port,
-            heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
-            stop_grace_secs=stop_grace_secs, timeline=bool(timeline), report_interval=report_interval)
+            env={k: str(v) for k, v in (env or {}).items()}, release_port=bool(release_port),
+            heartbeat_interval=_seconds("heartbeat_interval", heartbeat_interval),
+            heartbeat_timeout=_seconds("heartbeat_timeout", heartbeat_timeout),
+            stop_grace_secs=_seconds("stop_grace_secs", stop_grace_secs, allow_zero=True),
+            timeline=bool(timeline), report_interval=_seconds("report_interval", report_interval))
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         cluster = cls(sc, roles, backend_obj, config, default_mode, timeline, progress)
         if tensorboard:
@@ -191,27 +201,30 @@ class TFCluster:
             raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
         self.config = M.ClusterConfig(**{**vars(self.config), "input_mode": int(self.input_mode)})
         self.feeds.cluster = self.config
-        self.lifecycle.to(Phase.STARTING)
         bootstrap = make_bootstrap(self.config, main_fun, tf_args, self.backend.node_hooks())
         n = len(self.roles)
+        self.lifecycle.to(Phase.STARTING)
 
-        def reservation_ended():
-            job = self._reservation
-            if job is not None and job.error is not None and not self._closing.is_set():
+        def reservation_ended(job):
+            if job.error is not None and not self._closing.is_set():
                 self.registry.abort(f"the tfos reservation job failed: {_short(job.error)}")
 
-        self._reservation = S.SparkJob(
-            self.sc, f"tfos-{self.cluster_id}", f"tfos cluster {self.cluster_id}: {n} TF nodes",
-            lambda: self.sc.parallelize(range(n), n).barrier().mapPartitions(bootstrap).collect(),
-            on_done=reservation_ended)
-        self._monitor = threading.Thread(target=self._monitor_loop, name=f"tfos-monitor-{self.cluster_id}",
-                                         daemon=True)
-        self._monitor.start()
-        if self._progress_enabled:
-            from tfos.driver.progress import ProgressMonitor
+        try:
+            self._reservation = S.SparkJob(
+                self.sc, f"tfos-{self.cluster_id}", f"tfos cluster {self.cluster_id}: {n} TF nodes",
+                lambda: self.sc.parallelize(range(n), n).barrier().mapPartitions(bootstrap).collect(),
+                on_done=reservation_ended)
+            self._monitor = threading.Thread(target=self._monitor_loop, name=f"tfos-monitor-{self.cluster_id}",
+                                             daemon=True)
+            self._monitor.start()
+            if self._progress_enabled:
+                from tfos.driver.progress import ProgressMonitor
 
-            self._progress = ProgressMonitor(self).start()
-        err = self._wait_registered(n)
+                self._progress = ProgressMonitor(self).start()
+            err = self._wait_registered(n)
+        except BaseException as e:  # interrupted (Ctrl-C) or broken: nothing may be left running
+            self._abort(e if isinstance(e, TFOSError) else TFOSError(f"start() interrupted by {type(e).__name__}"))
+            raise
         if err is not None:
             self._abort(err)
             raise err
@@ -319,6 +332,15 @@ class TFCluster:
             self.lifecycle.to(Phase.SHUT_DOWN)
             return
         self.lifecycle.to(Phase.SHUTTING_DOWN)
+        try:
+            self._shutdown(grace_secs, timeout)
+        except BaseException as e:  # interrupted or failed: the cluster is failed, never left half-stopped
+            self._abort(e if isinstance(e, TFOSError) else TFOSError(f"shutdown() interrupted by {type(e).__name__}"))
+            if isinstance(e, TFOSError) and self.lifecycle.error is not None:
+                raise self.lifecycle.error from None
+            raise
+
+    def _shutdown(self, grace_secs: float, timeout: float) -> None:
         if timeout is None or timeout < 0:  # TensorFlowOnSpark: timeout=-1 waits forever
             timeout = float("inf")
         if self.input_mode == InputMode.SPARK:
@@ -335,19 +357,16 @@ class TFCluster:
                 reg.cond.wait(min(remaining, 1.0))  # inf timeout: wakes every second
             running = [] if reg.failures else reg.unfinished(trainers)
         if running:
-            err = TFOSTimeoutError(f"training nodes {running} still running after {timeout:.0f}s; "
+            raise TFOSTimeoutError(f"training nodes {running} still running after {timeout:.0f}s; "
                                    "raise shutdown(timeout=...)")
-            self._abort(err)
-            raise err
         if others and not reg.failures:
             with reg.cond:
                 reg.cond.wait_for(lambda: not reg.unfinished(others), timeout=grace_secs)
         self._stop_nodes(range(len(self.roles)))
         if reg.failures:
-            err = NodeFailedError(reg.failures)
-            self.lifecycle.to(Phase.FAILED, err)
+            self.lifecycle.fail(NodeFailedError(reg.failures))
             self._release()
-            raise err
+            raise self.lifecycle.error
         self._release()
         self.lifecycle.to(Phase.SHUT_DOWN)
         logger.info("tfos cluster %s shut down", self.cluster_id)
@@ -368,7 +387,7 @@ class TFCluster:
             failures = list(self.registry.failures)
         if failures:
             self._abort(NodeFailedError(failures))
-            raise self.lifecycle.error
+            raise self.lifecycle.error or NodeFailedError(failures)
 
     def _monitor_loop(self) -> None:
         interval = max(0.2, self.config.heartbeat_interval)

@@ -52,7 +52,7 @@ class FeedJobs:
         """Run ``action()`` (a Spark action) in its own job group; fail fast if a node fails meanwhile."""
         reg = self.registry
 
-        def wake():
+        def wake(_job):
             with reg.cond:
                 reg.cond.notify_all()
 

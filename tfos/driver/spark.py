@@ -51,7 +51,8 @@ def driver_host(spark_conf_host: str | None) -> str:
 
 
 class SparkJob:
-    """A Spark action running on its own thread in its own job group (cancellable)."""
+    """A Spark action running on its own thread in its own job group (cancellable).
+    ``on_done(job)`` is called on that thread when the action ended, however it ended."""
 
     def __init__(self, sc, group: str, description: str, action, on_done=None):
         self.sc = sc
@@ -69,7 +70,7 @@ class SparkJob:
             finally:
                 self.done.set()
                 if on_done is not None:
-                    on_done()
+                    on_done(self)
 
         self.thread = threading.Thread(target=target, name=group, daemon=True)
         self.thread.start()

@@ -16,7 +16,7 @@ import threading
 
 import pyarrow as pa
 
-from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, RequestRefused
+from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, TFOSError
 from tfos.wire import arrow
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient, FeedClient
@@ -152,7 +152,7 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
             try:
                 driver.assign_chunk(cfg.feed_id, 0, node)
                 return True
-            except RequestRefused:
+            except TFOSError:  # refused, or the driver connection is gone
                 return False
 
         total = 0
@@ -168,7 +168,7 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
                             sender.drop(e.node)
                             try:
                                 node = driver.assign_chunk(cfg.feed_id, batch.num_rows, e.node)
-                            except RequestRefused:
+                            except TFOSError:  # the driver refused (the node failed) or is gone
                                 raise e from None
                     if node < 0:
                         break  # every node terminated its feed: skip the rest of this partition

@@ -3,7 +3,8 @@ feed hubs): accept loop, connection cap, handshake deadline, one thread per conn
 
 The OS picks the port (no bind-then-close race). The accept loop survives any accept error
 (e.g. EMFILE): it logs once per burst and keeps serving. Connections beyond
-``max_connections`` are closed at once. Each connection must finish the secret handshake
+``max_connections`` (4096 by default: every feeding task and every waiting node holds one) are
+closed at once. Each connection must finish the secret handshake
 within ``handshake_timeout``; then ``serve(channel)`` owns it until it returns.
 """
 
@@ -21,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 class Listener:
-    def __init__(self, secret: str, serve, name: str, bind_host: str = "0.0.0.0", max_connections: int = 256,
+    def __init__(self, secret: str, serve, name: str, bind_host: str = "0.0.0.0", max_connections: int = 4096,
                  handshake_timeout: float = 10.0, max_data_frame: int = MAX_DATA_FRAME, backlog: int = 64):
         self.secret = secret
         self._serve = serve

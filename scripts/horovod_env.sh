@@ -10,8 +10,9 @@ STAMP="$VENV/.tfos-hvd-$(sha1sum "$ROOT/setup.py" "$0" | sha1sum | cut -c1-12)"
 if [ ! -f "$STAMP" ]; then
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip wheel setuptools cmake
-  "$VENV/bin/python" -m pip install -q "tensorflow-cpu==2.15.1" "numpy<2" "pyspark>=3.5" pyarrow \
-      "pandas>=2.2,<3" psutil scikit-learn pytest pytest-timeout
+  # pyarrow >= 20 needs NumPy 2, which TF 2.15 cannot use: keep both on the NumPy 1 line.
+  "$VENV/bin/python" -m pip install -q "tensorflow-cpu==2.15.1" "numpy<2" "pyspark>=3.5" "pyarrow>=14,<20" \
+      "pandas>=2.2,<3" psutil scikit-learn pytest pytest-timeout tqdm "protobuf>=4.23" "google-crc32c>=1.5"
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
     HOROVOD_WITHOUT_MXNET=1 "$VENV/bin/python" -m pip install -q --no-build-isolation "horovod==0.28.1"
   "$VENV/bin/python" -m pip install -q --no-deps -e "$ROOT"

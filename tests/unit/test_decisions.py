@@ -208,6 +208,11 @@ def test_node_and_agent_packages_do_not_load_driver_modules():
         assert not [m for m in mods if m.startswith(("tfos.driver", "tensorflow"))], entry
 
 
+def test_the_driver_api_loads_no_pyarrow_until_data_is_fed():
+    mods = _imported_after("from tfos import TFCluster")  # e.g. Horovod's TF 2.15 env pins an older stack
+    assert not [m for m in mods if m.startswith(("pyarrow", "tensorflow", "tfos.executor.feeding"))]
+
+
 def test_public_names_resolve_lazily():
     mods = _imported_after("import tfos; tfos.TFCluster; tfos.NodeContext; tfos.DataFeed; tfos.TFNode")
     assert "tfos.driver.cluster" in mods and "tfos.node.context" in mods

@@ -17,7 +17,6 @@ from tfos.driver.feed_scheduler import FeedScheduler
 from tfos.driver.registry import NodeRegistry
 from tfos.driver.spark import SparkJob
 from tfos.errors import ChannelClosed, FeedError, TFOSError, remote_error
-from tfos.executor.feeding import make_inference_feeder, make_train_feeder
 from tfos.wire import messages as M
 from tfos.wire.clients import end_feed
 
@@ -74,6 +73,8 @@ class FeedJobs:
         return job.result
 
     def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None) -> int:
+        from tfos.executor.feeding import make_train_feeder  # pyarrow: loaded when data is fed, not at import
+
         cfg = self.feed_config(qname, feed_timeout, chunk_rows)
         if is_dataframe(data):
             feeder = make_train_feeder(cfg, arrow_input=True)
@@ -119,6 +120,8 @@ class FeedJobs:
 
     def inference(self, data, feed_timeout: float, qname: str, chunk_rows=None, output_column="prediction",
                   output_type=None):
+        from tfos.executor.feeding import make_inference_feeder
+
         cfg = self.feed_config(qname, feed_timeout, chunk_rows)
         if not is_dataframe(data):
             return data.mapPartitionsWithIndex(make_inference_feeder(cfg, arrow_input=False))

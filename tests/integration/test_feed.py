@@ -104,6 +104,22 @@ def test_bad_row_fails_on_the_driver_naming_partition_and_row(sc):
         cluster.shutdown(timeout=60)
 
 
+@pytest.mark.parametrize("rows,slices,match", [
+    # int then string within one partition (chunks of 10 rows): the feeding task refuses it
+    ([(i, 1.0) for i in range(20)] + [(str(i), 1.0) for i in range(20)], 1,
+     r"partition 0, row 20: column '_0' holds string, but earlier rows of this feed hold int64"),
+    # 2 columns in one partition, 3 in the other: the node's feed hub refuses whichever comes second
+    ([(i, 1.0) for i in range(20)] + [(i, 1.0, 2) for i in range(20)], 2,
+     r"partition [01], row 0: column '_2' (appears|is missing)"),
+])
+def test_schema_drift_fails_on_the_driver_naming_partition_row_and_column(sc, rows, slices, match):
+    cluster = TFCluster.run(sc, count_ids, "/tmp", 2, 0, input_mode=InputMode.SPARK, master_node="chief")
+    with pytest.raises(FeedError, match=match):
+        cluster.train(sc.parallelize(rows, slices), chunk_rows=10)
+    with pytest.raises(FeedError):
+        cluster.shutdown(timeout=60)
+
+
 def never_reads(args, ctx):
     import time
 

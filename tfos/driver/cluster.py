@@ -23,8 +23,8 @@ from tfos.driver.feeding import FeedJobs
 from tfos.driver.lifecycle import Lifecycle, Phase
 from tfos.driver.registry import NodeRegistry
 from tfos.driver.service import ControlService
-from tfos.errors import (ClusterStateError, ConfigError, NodeFailedError, ReservationTimeoutError, TFOSError,
-                         TFOSTimeoutError)
+from tfos.errors import (ClusterStateError, ConfigError, FeedError, NodeFailedError, ReservationTimeoutError,
+                         TFOSError, TFOSTimeoutError)
 from tfos.executor.bootstrap import make_bootstrap, node_dir
 from tfos.topology import InputMode
 from tfos.wire import messages as M
@@ -80,7 +80,8 @@ class TFCluster:
         self.backend = backend
         self.config = cluster  # driver_port is filled in below, once the control service listens
         self.cluster_id = cluster.cluster_id
-        self.registry = NodeRegistry(cluster.cluster_id, roles, on_complete=self._backend_setup)
+        self.registry = NodeRegistry(cluster.cluster_id, roles, on_complete=self._backend_setup,
+                                     max_wait=cluster.reservation_timeout)
         feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
         self.scheduler = FeedScheduler(self.registry, feed_ranks)
         self.service = ControlService(self.registry, self.scheduler, cluster.secret).start()
@@ -344,10 +345,18 @@ class TFCluster:
         if timeout is None or timeout < 0:  # TensorFlowOnSpark: timeout=-1 waits forever
             timeout = float("inf")
         if self.input_mode == InputMode.SPARK:
-            self.feeds.close_feeds()
+            unreached = self.feeds.close_feeds()
+            if unreached:  # those nodes would wait for data forever
+                raise FeedError("could not end the feed of " + "; ".join(f"node {i}: {e}" for i, e in unreached)
+                                + ". Their TF processes cannot finish; see the nodes' logs")
         reg = self.registry
         trainers = [i for i, (job, _) in enumerate(self.roles) if job in self.backend.finishing_jobs]
         others = [i for i in range(len(self.roles)) if i not in trainers]
+        with reg.cond:
+            waiting = reg.unfinished(trainers)
+        if waiting:
+            logger.info("tfos cluster %s: waiting up to %s for training nodes %s to finish (shutdown timeout=)",
+                        self.cluster_id, "ever" if timeout == float("inf") else f"{timeout:.0f}s", waiting)
         deadline = time.monotonic() + timeout
         with reg.cond:
             while reg.unfinished(trainers) and not reg.failures:

@@ -16,7 +16,7 @@ import uuid
 from tfos.driver.feed_scheduler import FeedScheduler
 from tfos.driver.registry import NodeRegistry
 from tfos.driver.spark import SparkJob
-from tfos.errors import ChannelClosed, FeedError, TFOSError, remote_error
+from tfos.errors import FeedError, TFOSError, remote_error
 from tfos.wire import messages as M
 from tfos.wire.clients import end_feed
 
@@ -135,9 +135,11 @@ class FeedJobs:
         schema = StructType(list(data.schema.fields) + [StructField(output_column, result_type)])
         return data.mapInArrow(make_inference_feeder(cfg, True, output_column, to_arrow_type(result_type)), schema)
 
-    def close_feeds(self, timeout: float = 10.0) -> None:
-        """Tell every feeding node that no more data will come (their feeds end)."""
+    def close_feeds(self, timeout: float = 30.0) -> list[tuple[int, str]]:
+        """Tell every feeding node that no more data will come (their feeds end). Returns the live
+        nodes that could not be told, with why (a node that exited meanwhile is not one of them)."""
         c = self.cluster
+        unreached = []
         for n in self.registry.registered():
             if n.node_index not in self.scheduler.feed_ranks or not n.feed_port:
                 continue
@@ -145,8 +147,14 @@ class FeedJobs:
                 continue
             try:
                 end_feed(n.host, n.feed_port, c.secret, n.node_index, M.SHUTDOWN_FEED, "input", 0, timeout)
-            except (TFOSError, OSError, ChannelClosed) as e:
-                logger.info("could not close the feed of node %d: %s", n.node_index, e)
+            except (TFOSError, OSError) as e:
+                with self.registry.cond:  # it may just have finished: its exit report is on the way
+                    self.registry.cond.wait_for(lambda: self.registry.nodes[n.node_index].exited is not None,
+                                                timeout=5)
+                    if self.registry.nodes[n.node_index].exited is None:
+                        logger.error("could not end the feed of node %d: %s", n.node_index, e)
+                        unreached.append((n.node_index, str(e)))
+        return unreached
 
 
 def _first_line(e: BaseException) -> str:

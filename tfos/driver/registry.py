@@ -36,8 +36,9 @@ class NodeState:
 
 
 class NodeRegistry:
-    def __init__(self, cluster_id: str, roles: list[tuple[str, int]], on_complete=None):
+    def __init__(self, cluster_id: str, roles: list[tuple[str, int]], on_complete=None, max_wait: float = 600.0):
         self.cluster_id = cluster_id
+        self.max_wait = max_wait  # server-side bound of a GetClusterSpec wait, whatever the client asks
         self.roles = roles
         self.cond = threading.Condition()
         self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(roles)}
@@ -112,7 +113,8 @@ class NodeRegistry:
         return M.Ack()
 
     def on_cluster_spec(self, msg: M.GetClusterSpec):
-        deadline = time.monotonic() + msg.timeout
+        wait = max(0.0, min(msg.timeout, self.max_wait))
+        deadline = time.monotonic() + wait
         with self.cond:
             me = self.node(msg.node_index)
             while not self.all_registered():
@@ -120,7 +122,7 @@ class NodeRegistry:
                     return M.ErrorReply("cluster start aborted: " + (self.abort_reason or "another node failed"))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return M.ErrorReply(f"nodes {self.missing()} did not register within {msg.timeout:.0f}s "
+                    return M.ErrorReply(f"nodes {self.missing()} did not register within {wait:.0f}s "
                                         "(raise reservation_timeout)")
                 self.cond.wait(min(remaining, 1.0))
             nodes = tuple(self.nodes[i].info for i in sorted(self.nodes))

@@ -61,7 +61,6 @@ class ControlService:
                 msg = ch.recv()
             except ChannelClosed:
                 return
-            except ProtocolError as e:  # answered, then the connection is closed: framing may be lost
-                ch.send(M.ErrorReply(f"bad request: {e}"))
-                return
+            except ProtocolError as e:  # answered (by the listener), then closed: framing may be lost
+                raise ProtocolError(f"bad request: {e}") from None
             ch.send(self.handle(msg))

@@ -16,7 +16,7 @@ import threading
 
 import pyarrow as pa
 
-from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, TFOSError
+from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, RequestRefused, TFOSError
 from tfos.wire import arrow
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient, FeedClient
@@ -77,6 +77,8 @@ class _Sender:
         self.train = train
         self.clients: dict[int, FeedClient] = {}
         self.rows: dict[int, int] = {}
+        self.schema: pa.Schema | None = None
+        self.rows_checked = 0
 
     def client(self, node: int) -> FeedClient:
         client = self.clients.get(node)
@@ -96,7 +98,17 @@ class _Sender:
         if client is not None:
             client.close()
 
+    def check(self, batch: pa.RecordBatch) -> None:
+        """FeedError naming the partition, row and column when this partition's rows change shape."""
+        if self.schema is None:
+            self.schema = batch.schema
+            return
+        drift = arrow.schema_drift(self.schema, batch.schema)
+        if drift:
+            raise FeedError(f"partition {self.partition}, row {self.rows_checked}: {drift}")
+
     def send(self, node: int, batch: pa.RecordBatch) -> None:
+        self.check(batch)
         client = self.client(node)
         try:
             client.send_batch(arrow.to_ipc(batch))
@@ -105,9 +117,13 @@ class _Sender:
                 f"node {node} accepted no data for {self.cfg.feed_timeout:.0f}s while feeding partition "
                 f"{self.partition} (raise feed_timeout, or check that main_fun keeps reading its feed)") from None
         except (OSError, ChannelClosed) as e:
+            refused = client.refusal()
+            if refused:  # the hub said why it closed the feed (e.g. this partition's columns drift)
+                raise FeedError(refused) from None
             raise _SendFailed(node, f"feeding partition {self.partition} to node {node} failed: {e} (the node's "
                                     "TF process may have died; the driver reports its log)") from None
         self.rows[node] += batch.num_rows
+        self.rows_checked += batch.num_rows
 
     def finish(self, finished_reading=lambda node: False) -> None:
         for node, client in self.clients.items():
@@ -117,6 +133,8 @@ class _Sender:
             except socket.timeout:
                 raise FeedTimeoutError(f"node {node} did not confirm partition {self.partition} within "
                                        f"{self.cfg.feed_timeout:.0f}s (raise feed_timeout)") from None
+            except RequestRefused as e:
+                raise FeedError(str(e)) from None
             except (OSError, ProtocolError) as e:
                 if finished_reading(node):
                     continue
@@ -213,6 +231,8 @@ def _infer(cfg: M.FeedConfig, partition: int, chunks):
         while True:
             try:
                 reply = client.next_reply()
+            except RequestRefused as e:  # the hub refused this partition (malformed or drifting rows)
+                raise FeedError(str(e)) from None
             except socket.timeout:
                 raise FeedTimeoutError(f"node {node} returned no inference results for {cfg.feed_timeout:.0f}s on "
                                        f"partition {partition} (raise feed_timeout, or check that main_fun calls "

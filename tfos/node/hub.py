@@ -45,12 +45,23 @@ class Origin:
 
 
 class FeedQueue:
-    """Bounded queue of one named feed, with end-of-feed accounting."""
+    """Bounded queue of one named feed, with end-of-feed accounting and the schema each feed began
+    with (every partition of a feed must send the same columns)."""
 
     def __init__(self, name: str, maxsize: int):
         self.name = name
         self.q: queue.Queue = queue.Queue(maxsize)
         self.terminated = threading.Event()
+        self._schemas: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def check_schema(self, feed_id: str, schema, where: str) -> None:
+        """FeedError naming ``where`` (partition and row) if ``schema`` drifts from the feed's first."""
+        with self._lock:
+            first = self._schemas.setdefault(feed_id, schema)
+        drift = arrow.schema_drift(first, schema)
+        if drift:
+            raise FeedError(f"{where}: {drift}")
 
     def put(self, item, stop: threading.Event) -> None:
         while True:
@@ -119,6 +130,7 @@ class FeedHub:
             kind, value = ch.recv_frame()
             if kind == KIND_ARROW:
                 batch = arrow.from_ipc(value)
+                q.check_schema(begin.feed_id, batch.schema, f"partition {begin.partition}, row {rows}")
                 rows += batch.num_rows
                 self.bytes_received += len(value)
                 if batch.num_rows:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 
@@ -21,13 +22,25 @@ logger = logging.getLogger(__name__)
 MAX_BUFFERED_EVENTS = 20000
 
 
-def _jsonable(v):
-    if isinstance(v, (str, bool, int, float)) or v is None:
+def _jsonable(v, depth: int = 0):
+    """Pure: a JSON value for ``v`` (numpy scalars become numbers, arrays lists, anything else its str)."""
+    if isinstance(v, (str, bool, int)) or v is None:
         return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    if depth < 4 and isinstance(v, dict):
+        return {str(k): _jsonable(x, depth + 1) for k, x in v.items()}
+    if depth < 4 and isinstance(v, (list, tuple)):
+        return [_jsonable(x, depth + 1) for x in v]
+    if hasattr(v, "tolist"):  # numpy scalars and small arrays
+        try:
+            return _jsonable(v.tolist(), depth + 1)
+        except (TypeError, ValueError):
+            pass
     try:
-        return float(v)
+        return _jsonable(float(v), depth + 1)
     except (TypeError, ValueError):
-        return str(v)
+        return str(v)[:200]
 
 
 class Reporter:
@@ -40,6 +53,7 @@ class Reporter:
         self._dirty = False
         self._events: list = []
         self._dropped = 0
+        self._warned = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tfos-reporter", daemon=True)
         self._thread.start()
@@ -56,7 +70,7 @@ class Reporter:
             return
         ev = {"name": name, "cat": cat, "ph": "X", "ts": int(start * 1e6), "dur": max(1, int((end - start) * 1e6))}
         if args:
-            ev["args"] = args
+            ev["args"] = _jsonable(args)
         with self._lock:
             if len(self._events) < MAX_BUFFERED_EVENTS:
                 self._events.append(ev)
@@ -81,6 +95,10 @@ class Reporter:
             self.driver.report(values, events)
         except (TFOSError, OSError) as e:
             logger.debug("progress report not delivered: %s", e)
+        except Exception as e:  # reporting must never change how main_fun ends
+            if not self._warned:
+                self._warned = True
+                logger.warning("progress report dropped: %s", e)
 
     def close(self) -> None:
         self._stop.set()

@@ -11,13 +11,15 @@ column); the per-row shape of a vector column in the field metadata key ``tfos.s
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pyarrow as pa
 
-from tfos.errors import ConfigError, FeedError
+from tfos.errors import ConfigError, FeedError, ProtocolError
 
 __all__ = ["ROW_KIND", "SHAPE", "rows_to_batch", "batch_to_rows", "column_to_numpy", "to_ipc", "from_ipc",
-           "results_to_batch"]
+           "results_to_batch", "schema_drift", "body_compressed"]
 
 ROW_KIND = b"tfos.row"
 SHAPE = b"tfos.shape"
@@ -221,14 +223,98 @@ def to_ipc(batch: pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
+def _field_pos(buf: bytes, table: int, index: int) -> int | None:
+    """Position of field ``index`` of the flatbuffer table at ``table``, None when absent."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    (vtable_size,) = struct.unpack_from("<H", buf, vtable)
+    slot = vtable + 4 + 2 * index
+    if slot + 2 > vtable + vtable_size:
+        return None
+    (offset,) = struct.unpack_from("<H", buf, slot)
+    return table + offset if offset else None
+
+
+def _deref(buf: bytes, pos: int) -> int:
+    return pos + struct.unpack_from("<I", buf, pos)[0]
+
+
+def body_compressed(metadata: bytes) -> bool:
+    """Pure: whether an Arrow IPC message (its flatbuffer metadata) carries a compressed body.
+
+    Message { version: 0, header_type: 1, header: 2, ... }; RecordBatch { ..., compression: 3 };
+    DictionaryBatch { id: 0, data: RecordBatch 1, ... }. Raises struct.error/IndexError on garbage.
+    """
+    root = _deref(metadata, 0)
+    type_pos, header_pos = _field_pos(metadata, root, 1), _field_pos(metadata, root, 2)
+    header_type = metadata[type_pos] if type_pos is not None else 0
+    if header_pos is None or header_type not in (2, 3):
+        return False
+    header = _deref(metadata, header_pos)
+    if header_type == 2:
+        data = _field_pos(metadata, header, 1)
+        if data is None:
+            return False
+        header = _deref(metadata, data)
+    return _field_pos(metadata, header, 3) is not None
+
+
 def from_ipc(data) -> pa.RecordBatch:
-    reader = pa.ipc.open_stream(pa.py_buffer(data))
-    batches = list(reader)
+    """One Arrow IPC stream (a tfos data frame) -> one record batch.
+
+    The stream's size is already bounded by the channel; compressed bodies are refused before
+    anything is decompressed (tfos never compresses, and a few KiB of compressed zeros could
+    expand to gigabytes), as is anything that is not an Arrow IPC stream (ProtocolError)."""
+    buf = pa.py_buffer(data)
+    try:
+        reader = pa.BufferReader(buf)
+        while True:
+            try:
+                message = pa.ipc.read_message(reader)
+            except EOFError:
+                break
+            if message is None:
+                break
+            if body_compressed(message.metadata.to_pybytes()):
+                raise ProtocolError("compressed Arrow IPC frames are not accepted (tfos senders never compress)")
+        reader = pa.ipc.open_stream(buf)
+        batches = list(reader)
+    except ProtocolError:
+        raise
+    except (pa.ArrowException, ValueError, struct.error, IndexError, OSError) as e:
+        raise ProtocolError(f"data frame is not an Arrow IPC stream: {str(e)[:200]}") from None
     if len(batches) == 1:
         return batches[0]
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=reader.schema)
     return pa.Table.from_batches(batches, schema=reader.schema).combine_chunks().to_batches()[0]
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return "number"
+    return str(t)
+
+
+def schema_drift(first: pa.Schema, schema: pa.Schema) -> str | None:
+    """Pure: how ``schema`` differs from the ``first`` schema of the same feed, or None.
+
+    Numbers may widen (ints then floats); a column whose kind changes (number then string), a
+    vector whose length or shape changes, and a column that appears or disappears are drift."""
+    if first.names != schema.names:
+        extra = [n for n in schema.names if n not in first.names]
+        missing = [n for n in first.names if n not in schema.names]
+        if extra:
+            return f"column {extra[0]!r} appears (the feed began with columns {first.names})"
+        if missing:
+            return f"column {missing[0]!r} is missing (the feed began with columns {first.names})"
+        return f"columns are reordered: {schema.names}, the feed began with {first.names}"
+    for a, b in zip(first, schema):
+        shape_a, shape_b = (a.metadata or {}).get(SHAPE), (b.metadata or {}).get(SHAPE)
+        if _kind(a.type) != _kind(b.type) or shape_a != shape_b:
+            what_a = f"{a.type}" + (f" of shape ({shape_a.decode()})" if shape_a else "")
+            what_b = f"{b.type}" + (f" of shape ({shape_b.decode()})" if shape_b else "")
+            return f"column {a.name!r} holds {what_b}, but earlier rows of this feed hold {what_a}"
+    return None
 
 
 def results_to_batch(results) -> pa.RecordBatch:

@@ -34,6 +34,7 @@ KIND_JSON = b"J"
 KIND_ARROW = b"A"
 _HEADER = struct.Struct(">cI")
 _HELLO = struct.Struct(">4sH16s")
+_FIRST_CHUNK = 1 << 20  # receive buffers start at 1 MiB and double as bytes arrive
 
 
 def new_secret() -> str:
@@ -178,17 +179,20 @@ class Channel:
             raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
 
     def _recv_exact(self, n: int, deadline: float | None = None) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
+        """Exactly ``n`` bytes. Memory grows with the bytes that arrived (at most doubling), never
+        from the length a peer announced: a 2 GiB length prefix alone costs nothing."""
+        buf = bytearray(min(n, _FIRST_CHUNK))
         got = 0
         while got < n:
+            if got == len(buf):
+                buf.extend(bytes(min(len(buf), n - len(buf))))
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise socket.timeout("handshake deadline passed")
                 self.sock.settimeout(remaining)
             try:
-                k = self.sock.recv_into(view[got:], n - got)
+                k = self.sock.recv_into(memoryview(buf)[got:], len(buf) - got)
             except socket.timeout:
                 raise
             except ConnectionError as e:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from tfos.errors import TFOSTimeoutError
+from tfos.errors import ProtocolError, RequestRefused, TFOSTimeoutError
 from tfos.wire import messages as M
 from tfos.wire.channel import Channel
 
@@ -117,11 +117,23 @@ class FeedClient:
         self.ch.send(M.FeedPartitionEnd(rows))
 
     def next_reply(self):
-        """The hub's next answer: a FeedAck, or (inference) ``(FeedResults, ipc_bytes)``."""
+        """The hub's next answer: a FeedAck, or (inference) ``(FeedResults, ipc_bytes)``; an ErrorReply
+        raises RequestRefused."""
         msg = self.ch.recv()
         if isinstance(msg, M.FeedResults):
             return msg, self.ch.recv_frame()[1]
+        if isinstance(msg, M.ErrorReply):
+            raise RequestRefused(msg.message)
         return msg
+
+    def refusal(self) -> str | None:
+        """After a failed send: the hub's ErrorReply, if it answered before closing (else None)."""
+        try:
+            self.ch.settimeout(2.0)
+            reply = self.ch.recv()
+        except (OSError, ProtocolError):
+            return None
+        return reply.message if isinstance(reply, M.ErrorReply) else None
 
     def shutdown_io(self) -> None:
         """Wake a reader blocked on this connection (the sender thread failed)."""

@@ -5,7 +5,9 @@ The OS picks the port (no bind-then-close race). The accept loop survives any ac
 (e.g. EMFILE): it logs once per burst and keeps serving. Connections beyond
 ``max_connections`` (4096 by default: every feeding task and every waiting node holds one) are
 closed at once. Each connection must finish the secret handshake
-within ``handshake_timeout``; then ``serve(channel)`` owns it until it returns.
+within ``handshake_timeout``; then ``serve(channel)`` owns it until it returns, and a peer that
+stays silent for ``idle_timeout`` is disconnected. A tfos error raised while serving (malformed
+input, schema drift, ...) is answered with ``ErrorReply`` before the connection closes.
 """
 
 from __future__ import annotations
@@ -15,19 +17,22 @@ import socket
 import threading
 import time
 
-from tfos.errors import ChannelClosed, ProtocolError
+from tfos.errors import ChannelClosed, ProtocolError, TFOSError
 from tfos.wire.channel import MAX_DATA_FRAME, Channel
+from tfos.wire.messages import ErrorReply
 
 logger = logging.getLogger(__name__)
 
 
 class Listener:
     def __init__(self, secret: str, serve, name: str, bind_host: str = "0.0.0.0", max_connections: int = 4096,
-                 handshake_timeout: float = 10.0, max_data_frame: int = MAX_DATA_FRAME, backlog: int = 64):
+                 handshake_timeout: float = 10.0, max_data_frame: int = MAX_DATA_FRAME, backlog: int = 64,
+                 idle_timeout: float = 3600.0):
         self.secret = secret
         self._serve = serve
         self.name = name
         self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
         self.max_data_frame = max_data_frame
         self._slots = threading.BoundedSemaphore(max_connections)
         self._closed = threading.Event()
@@ -92,12 +97,20 @@ class Listener:
             except (ProtocolError, OSError) as e:
                 self._warn("rejected a connection from %s: %s", ch.peer, e)
                 return
-            ch.settimeout(None)
+            ch.settimeout(self.idle_timeout)
             try:
                 self._serve(ch)
             except ChannelClosed:
                 pass
-            except (ProtocolError, OSError) as e:
+            except socket.timeout:
+                self._warn("closed %s: silent for %.0fs", ch.peer, self.idle_timeout)
+            except TFOSError as e:  # malformed input or a refused request: answer it, change nothing
+                self._warn("connection from %s failed: %s", ch.peer, e)
+                try:
+                    ch.send(ErrorReply(str(e)[:2000]))
+                except (OSError, ProtocolError):
+                    pass
+            except OSError as e:
                 self._warn("connection from %s failed: %s", ch.peer, e)
             except Exception:
                 logger.exception("tfos %s: error serving %s", self.name, ch.peer)

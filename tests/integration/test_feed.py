@@ -104,6 +104,12 @@ def test_bad_row_fails_on_the_driver_naming_partition_and_row(sc):
         cluster.shutdown(timeout=60)
 
 
+def reads_everything(args, ctx):
+    feed = ctx.get_data_feed()
+    while not feed.should_stop():
+        feed.next_batch(10)
+
+
 @pytest.mark.parametrize("rows,slices,match", [
     # int then string within one partition (chunks of 10 rows): the feeding task refuses it
     ([(i, 1.0) for i in range(20)] + [(str(i), 1.0) for i in range(20)], 1,
@@ -113,7 +119,7 @@ def test_bad_row_fails_on_the_driver_naming_partition_and_row(sc):
      r"partition [01], row 0: column '_2' (appears|is missing)"),
 ])
 def test_schema_drift_fails_on_the_driver_naming_partition_row_and_column(sc, rows, slices, match):
-    cluster = TFCluster.run(sc, count_ids, "/tmp", 2, 0, input_mode=InputMode.SPARK, master_node="chief")
+    cluster = TFCluster.run(sc, reads_everything, None, 2, 0, input_mode=InputMode.SPARK, master_node="chief")
     with pytest.raises(FeedError, match=match):
         cluster.train(sc.parallelize(rows, slices), chunk_rows=10)
     with pytest.raises(FeedError):

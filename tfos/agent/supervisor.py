@@ -20,7 +20,7 @@ import time
 
 from tfos.agent.gpus import gpu_environment, pick_gpus
 from tfos.errors import TFOSError
-from tfos.host import processes
+from tfos.host import private, processes
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
 
@@ -84,6 +84,9 @@ class NodeAgent:
         code = -9 if code is None else code
         logger.info("TF process of node %d exited with code %s (%s)", cfg.node_index, code, why or "finished")
         self.report_exit(code, why == "driver", "" if why in ("", "driver") else why)
+        if code == 0 or why == "driver":  # a failed node keeps its directory (logs) for debugging
+            logging.shutdown()
+            private.remove_tree(cfg.node_dir)
         return 0
 
     def supervise(self) -> str:

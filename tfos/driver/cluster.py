@@ -25,7 +25,7 @@ from tfos.driver.registry import NodeRegistry
 from tfos.driver.service import ControlService
 from tfos.errors import (ClusterStateError, ConfigError, FeedError, NodeFailedError, ReservationTimeoutError,
                          TFOSError, TFOSTimeoutError)
-from tfos.executor.bootstrap import make_bootstrap, node_dir
+from tfos.executor.bootstrap import make_bootstrap, node_dir_hint
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 from tfos.wire.channel import new_secret
@@ -468,4 +468,4 @@ def _short(e: BaseException) -> str:
 
 
 def _node_logs_hint(cluster_id: str) -> str:
-    return f" Node logs: {os.path.dirname(node_dir(cluster_id, 0))}/node-*/ on each executor host."
+    return f" Node logs: {node_dir_hint(cluster_id)}/ on each executor host."

@@ -1,7 +1,7 @@
 """The Spark barrier task on each executor (runs in the executor's Python worker).
 
-It prepares the node directory, hands the user's function (with the backend's node hooks) to
-the node by a private local file, and launches the node agent (``python -m tfos.agent``) as a
+It creates the node directory fresh in this user's private directory (``tfos.host.private``),
+hands the user's function (with the backend's node hooks) to the node by a 0600 file there, and launches the node agent (``python -m tfos.agent``) as a
 detached process with its :class:`~tfos.wire.messages.NodeConfig` on stdin. In
 InputMode.TENSORFLOW the task then holds its slot until the agent exits; in InputMode.SPARK it
 returns at once so the executor's slot is free for the tasks that feed data.
@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from tfos.errors import TFOSError
-from tfos.host import processes
+from tfos.host import private, processes
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 
@@ -29,8 +29,9 @@ def agent_command(python: str) -> list[str]:
     return [python, "-u", "-m", AGENT_MODULE]
 
 
-def node_dir(cluster_id: str, node_index: int) -> str:
-    return os.path.join(tempfile.gettempdir(), f"tfos-{cluster_id}", f"node-{node_index}")
+def node_dir_hint(cluster_id: str) -> str:
+    """Where the nodes' directories are, for error messages (``<tmp>/tfos-<uid>/<cluster_id>/node-<i>``)."""
+    return os.path.join(tempfile.gettempdir(), "tfos-<uid>", cluster_id, "node-<i>")
 
 
 def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
@@ -44,12 +45,9 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
         address = ctx.getTaskInfos()[i].address
         node_host = address.rsplit(":", 1)[0] if ":" in address else address
         res = ctx.resources()
-        ndir = node_dir(cluster.cluster_id, i)
-        os.makedirs(ndir, mode=0o700, exist_ok=True)
+        ndir = private.fresh_dir(private.private_dir(cluster.cluster_id), f"node-{i}")
         fn_path = os.path.join(ndir, "main_fun.pkl")
-        fd = os.open(fn_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            cloudpickle.dump((main_fun, tf_args, node_hooks), f)
+        private.write_private_file(fn_path, cloudpickle.dumps((main_fun, tf_args, node_hooks)))
         job, task_index = cluster.roles[i]
         cfg = M.NodeConfig(cluster=cluster, node_index=i, job_name=job, task_index=task_index, host=node_host,
                            node_dir=ndir, fn_path=fn_path, working_dir=os.getcwd(), python=sys.executable,

@@ -1,44 +1,100 @@
-"""The host-wide claim registry (GPUs and TF server ports claimed by tfos nodes on this host)
-and the choice of TF server ports. Used by the node agent (GPUs) and the TF process (ports)."""
+"""The claim registry (GPUs and TF server ports claimed by this user's tfos nodes on this host)
+and the choice of TF server ports. Used by the node agent (GPUs) and the TF process (ports).
+
+The registry lives in this user's private directory (``tfos.host.private``): another user can
+neither plant nor lock it. Nodes of other users on the host are not in it; their GPUs are seen
+as busy by nvidia-smi's memory check, and a port they hold fails to bind and is skipped."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import tempfile
+import time
 from typing import Iterable
 
+from tfos.errors import TFOSTimeoutError
+from tfos.host.private import private_dir
 from tfos.host.processes import alive
 
-REGISTRY_PATH = os.path.join(tempfile.gettempdir(), "tfos-host-claims.json")
+logger = logging.getLogger(__name__)
+
+#: How long a node waits for the claim registry's lock before giving up with a clear error.
+LOCK_TIMEOUT = 30.0
+
+
+def registry_path() -> str:
+    """This user's claim registry: ``<tmp>/tfos-<uid>/host-claims.json`` (a 0700 directory)."""
+    return os.path.join(private_dir(), "host-claims.json")
+
+
+def _read_registry(path: str) -> dict:
+    """The registry's entries; a missing, corrupt or planted (symlink) file is repaired as empty."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return {}
+    except OSError as e:  # ELOOP: a symlink was planted in place of the file
+        logger.warning("tfos claim registry %s is unusable (%s); starting a new one", path, e.strerror)
+        return {}
+    try:
+        with os.fdopen(fd) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        logger.warning("tfos claim registry %s is corrupt (%s); starting a new one", path, e)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _live_entries(entries) -> dict:
+    """Pure apart from liveness checks: well-formed ``{str: pid}`` entries whose owner is alive."""
+    if not isinstance(entries, dict):
+        return {}
+    return {str(k): v for k, v in entries.items()
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0 and alive(v)}
 
 
 @contextlib.contextmanager
-def claims(path: str = REGISTRY_PATH):
-    """Exclusive, host-wide access to the claim registry ``{"gpus": {id: pid}, "ports": {port: pid}}``.
+def claims(path: str | None = None, timeout: float = LOCK_TIMEOUT):
+    """Exclusive access to this user's claim registry ``{"gpus": {id: pid}, "ports": {port: pid}}``.
 
-    Entries whose owner process is gone are dropped on every access.
+    The lock wait has a deadline (TFOSTimeoutError). Entries whose owner process is gone, and
+    malformed entries, are dropped on every access; the file is replaced atomically.
     """
-    with open(path + ".lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
+    path = path or registry_path()
+    directory = os.path.dirname(path)
+    lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                with open(path) as f:
-                    data = json.load(f)
-            except (OSError, ValueError):
-                data = {}
-            for kind in ("gpus", "ports"):
-                data[kind] = {k: v for k, v in data.get(kind, {}).items() if alive(int(v))}
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TFOSTimeoutError(f"the tfos claim registry {path} stayed locked by another process for "
+                                           f"{timeout:.0f}s; find it with `fuser {path}.lock`") from None
+                time.sleep(0.05)
+        try:
+            raw = _read_registry(path)
+            data = {kind: _live_entries(raw.get(kind)) for kind in ("gpus", "ports")}
             yield data
-            tmp = path + f".{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, path)
+            fd, tmp = tempfile.mkstemp(prefix=".host-claims-", dir=directory)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    finally:
+        os.close(lock_fd)
 
 
 def port_candidates(ephemeral: tuple[int, int], taken: Iterable[int], count: int = 64,

@@ -108,6 +108,7 @@ class Listener:
                 self._warn("connection from %s failed: %s", ch.peer, e)
                 try:
                     ch.send(ErrorReply(str(e)[:2000]))
+                    _linger(ch.sock)
                 except (OSError, ProtocolError):
                     pass
             except OSError as e:
@@ -117,3 +118,23 @@ class Listener:
         finally:
             ch.close()
             self._slots.release()
+
+
+def _linger(sock: socket.socket, secs: float = 2.0, max_bytes: int = 64 << 20) -> None:
+    """Half-close after an error reply and discard what the peer still sends (bounded), so the
+    close does not reset the connection and destroy the reply before the peer reads it."""
+    sock.shutdown(socket.SHUT_WR)
+    deadline = time.monotonic() + secs
+    drained = 0
+    while drained < max_bytes:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(1 << 16)
+        except OSError:
+            return
+        if not chunk:
+            return
+        drained += len(chunk)

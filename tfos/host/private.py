@@ -1,0 +1,84 @@
+"""Per-user private directories for host-local state (barrier task, node agent, TF process).
+
+Executors of several users share ``/tmp`` on real clusters, so nothing tfos reads back - the
+pickled ``main_fun``, the claim registry - may live where another user can write. Everything
+goes under ``<tmp>/tfos-<uid>/`` (mode 0700), and every directory tfos uses there is checked
+without following symlinks: it must be a real directory, owned by this user, with no group or
+other permissions. A directory that fails the check is an error naming it; nothing is trusted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+
+from tfos.errors import TFOSError
+
+
+class UnsafeDirectoryError(TFOSError):
+    """A directory tfos would use for private state is a symlink, foreign-owned or group/world-accessible."""
+
+
+def check_private(path: str) -> None:
+    """Raise UnsafeDirectoryError unless ``path`` is a directory (not a symlink) owned by this user
+    with mode 0700 or stricter. Opened with O_NOFOLLOW, checked with fstat: no race with a swap."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise UnsafeDirectoryError(f"{path} cannot be used for tfos's private files ({e.strerror}: a symlink or "
+                                   "not a directory?); remove it, or point TMPDIR elsewhere") from None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_uid != os.getuid():
+        raise UnsafeDirectoryError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}); "
+                                   "tfos will not use it: remove it, or point TMPDIR elsewhere")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise UnsafeDirectoryError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}; tfos needs 0700 for its private "
+                                   "files: remove it (or chmod 700 it), or point TMPDIR elsewhere")
+
+
+def private_dir(*parts: str, create: bool = True) -> str:
+    """``<tmp>/tfos-<uid>/<parts...>``, each level created 0700 or checked (see check_private)."""
+    path = os.path.join(tempfile.gettempdir(), f"tfos-{os.getuid()}")
+    for part in ("",) + parts:
+        if part:
+            path = os.path.join(path, part)
+        if create:
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
+        check_private(path)
+    return path
+
+
+def fresh_dir(parent: str, name: str) -> str:
+    """Create ``parent/name`` (0700) that must not exist yet: an existing one is never reused."""
+    path = os.path.join(parent, name)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        raise UnsafeDirectoryError(f"{path} already exists; tfos creates node directories fresh and does not "
+                                   "reuse one (a retried task, or a planted directory): remove it") from None
+    check_private(path)
+    return path
+
+
+def write_private_file(path: str, data: bytes) -> None:
+    """Write a new 0600 file; refuses to follow a symlink or to open an existing file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a private directory tree (best effort); removes its parent too when that is left empty."""
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -106,8 +107,6 @@ def remote_error(exc: BaseException) -> TFOSError | None:
 
     This is the one place where remote errors are recognised by their text: Spark gives the
     driver nothing else. Only classes of this module are ever built from it."""
-    import re
-
     text = str(exc)
     found = None
     for m in re.finditer(r"tfos\.errors\.([A-Za-z]+): ([^\n]*)", text):

@@ -17,15 +17,7 @@ import numpy as np
 from tfos.data.fs import _file_list, _local_path, _resolve
 from tfos.data.tfrecord import _compression_of, _iter_file_records, _norm_compression
 from tfos.errors import ConfigError, FeedError, TFOSError
-
-
-def _no_autoshard(ds):
-    """Files are already sharded per rank: stop tf.distribute from sharding each worker's data again."""
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options)
+from tfos.tf.datasets import no_autoshard
 
 
 def tfrecord_dataset(files, compression_type="auto", features=None, reader: str = "auto",
@@ -80,7 +72,7 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
             records, output_signature=tf.TensorSpec(shape=(None,), dtype=tf.string)).unbatch()
     if features is not None:
         ds = ds.map(lambda r: tf.io.parse_single_example(r, features), num_parallel_calls=tf.data.AUTOTUNE)
-    return _no_autoshard(ds)
+    return no_autoshard(ds)
 
 
 # --------------------------------------------------------------------------- Arrow batches -> tf.data
@@ -176,7 +168,7 @@ def _arrow_dataset(make_batches, batch_size: int, drop_remainder: bool, output_s
     def generate():
         yield from _rebatch(pieces(), batch_size, drop_remainder)
 
-    return _no_autoshard(tf.data.Dataset.from_generator(generate, output_signature=sig))
+    return no_autoshard(tf.data.Dataset.from_generator(generate, output_signature=sig))
 
 
 def parquet_dataset(files, columns=None, batch_size: int = 1024, drop_remainder: bool = False,

@@ -8,6 +8,7 @@ progress bar, timeline and TensorBoard (``progress``, ``tensorboard``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -78,14 +79,13 @@ class TFCluster:
         self.sc = sc
         self.roles = roles
         self.backend = backend
-        self.config = cluster  # driver_port is filled in below, once the control service listens
         self.cluster_id = cluster.cluster_id
         self.registry = NodeRegistry(cluster.cluster_id, roles, on_complete=self._backend_setup,
                                      max_wait=cluster.reservation_timeout)
         feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
         self.scheduler = FeedScheduler(self.registry, feed_ranks)
         self.service = ControlService(self.registry, self.scheduler, cluster.secret).start()
-        self.config = M.ClusterConfig(**{**vars(cluster), "driver_port": self.service.port})
+        self.config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
         self.feeds = FeedJobs(sc, self.registry, self.scheduler, self.config, self.raise_if_failed, self._abort)
         self.lifecycle = Lifecycle()
@@ -200,8 +200,7 @@ class TFCluster:
             self.input_mode = InputMode(self._default_input_mode if input_mode is None else input_mode)
         except ValueError:
             raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
-        self.config = M.ClusterConfig(**{**vars(self.config), "input_mode": int(self.input_mode)})
-        self.feeds.cluster = self.config
+        self.config = dataclasses.replace(self.config, input_mode=int(self.input_mode))
         bootstrap = make_bootstrap(self.config, main_fun, tf_args, self.backend.node_hooks())
         n = len(self.roles)
         self.lifecycle.to(Phase.STARTING)

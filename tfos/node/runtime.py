@@ -3,8 +3,9 @@
 Watch the agent (exit when it dies), hold a TF server port, start the feed hub
 (InputMode.SPARK), register with the driver, wait for the whole cluster spec, set TF_CONFIG
 and the backend's environment, then call ``main_fun(args, ctx)`` through the backend's node
-hooks. A raised exception is written to ``error.txt`` in the node directory (the agent
-forwards it to the driver) and the process exits non-zero.
+hooks. The process's entry point (``python -m tfos.node``, ``tfos/node/__main__.py``) writes a
+raised exception to ``error.txt`` in the node directory (the agent forwards it to the driver)
+and exits non-zero.
 """
 
 from __future__ import annotations
@@ -12,11 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
-import traceback
 
-from tfos.errors import TFOSError
-from tfos.host import claims, processes
+from tfos.host import claims
 from tfos.node.context import NodeContext
 from tfos.node.reporting import Reporter
 from tfos.topology import InputMode
@@ -31,7 +29,8 @@ def load_function_file(path: str):
     barrier task with cloudpickle; deleted once read)."""
     from pyspark import cloudpickle
 
-    with open(path, "rb") as f:
+    # The file is 0600 in a fresh 0700 directory of this user (tfos.host.private); never follow a link.
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         loaded = cloudpickle.load(f)
     os.remove(path)
     return loaded
@@ -70,38 +69,3 @@ def run_node(cfg: M.NodeConfig) -> int:
     if hub is not None:
         hub.close()
     return 0
-
-
-def main() -> None:
-    cfg = M.decode(sys.stdin.buffer.readline())
-    if not isinstance(cfg, M.NodeConfig):
-        raise TFOSError(f"the TF process expects a NodeConfig on stdin, got {type(cfg).__name__}")
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    processes.start_pipe_watchdog(cfg.watchdog_fd, lambda: os._exit(70))
-    sys.path[:0] = [p for p in cfg.sys_path if p not in sys.path]
-    code = 1
-    try:
-        code = run_node(cfg)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if code:
-            _write_error(cfg, traceback.format_exc())
-    except BaseException:
-        tb = traceback.format_exc()
-        sys.stderr.write(tb)
-        _write_error(cfg, tb)
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    # os._exit: TF's and user threads must not keep a finished node alive at interpreter exit.
-    os._exit(code)
-
-
-def _write_error(cfg: M.NodeConfig, tb: str) -> None:
-    try:
-        with open(os.path.join(cfg.node_dir, "error.txt"), "w") as f:
-            f.write(tb)
-    except OSError:
-        pass

@@ -300,6 +300,8 @@ def schema_drift(first: pa.Schema, schema: pa.Schema) -> str | None:
 
     Numbers may widen (ints then floats); a column whose kind changes (number then string), a
     vector whose length or shape changes, and a column that appears or disappears are drift."""
+    if first.equals(schema, check_metadata=True):  # the common case: one comparison, no Python loop
+        return None
     if first.names != schema.names:
         extra = [n for n in schema.names if n not in first.names]
         missing = [n for n in first.names if n not in schema.names]

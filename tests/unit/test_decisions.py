@@ -18,6 +18,8 @@ from tfos.errors import ClusterStateError, ConfigError, TFOSError
 from tfos.executor.bootstrap import agent_command
 from tfos.host.claims import port_candidates
 from tfos.node.paths import absolute_path
+from tfos.wire.messages import Column
+from tfos.wire.schema import column_drift
 
 
 @pytest.mark.parametrize("n,ps,master,ev,expected", [
@@ -126,6 +128,25 @@ def test_lifecycle_records_the_first_error_once_and_rejects_illegal_moves():
 ])
 def test_pick_node_balances_rows(live, counts, expected):
     assert pick_node(live, counts) == expected
+
+
+I, F, S = Column("a", "number", "int64"), Column("a", "number", "double"), Column("a", "string", "string")
+V8, V9 = Column("v", "list<item: float>", "fixed_size_list<item: float>[8]", "8"), \
+    Column("v", "list<item: float>", "fixed_size_list<item: float>[9]", "9")
+
+
+@pytest.mark.parametrize("first,cols,expected", [
+    ((I, V8), (I, V8), None),
+    ((I,), (F,), None),  # numbers may widen
+    ((I,), (S,), "column 'a' holds string, but earlier rows of this feed hold int64"),
+    ((V8,), (V9,), "column 'v' holds fixed_size_list<item: float>[9] of shape (9), but earlier rows of this "
+                   "feed hold fixed_size_list<item: float>[8] of shape (8)"),
+    ((I,), (I, V8), "column 'v' appears (the feed began with columns ['a'])"),
+    ((I, V8), (I,), "column 'v' is missing (the feed began with columns ['a', 'v'])"),
+    ((I, V8), (V8, I), "columns are reordered: ['v', 'a'], the feed began with ['a', 'v']"),
+])
+def test_column_drift(first, cols, expected):
+    assert column_drift(first, cols) == expected
 
 
 SMI = "0, 10, 0\n1, 9000, 95\n2, 0, 0\n3, 100, 5\n"

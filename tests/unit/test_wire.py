@@ -87,6 +87,18 @@ def test_typed_client_session_serves_many_requests(control):
         assert [client.assign_chunk("f", 10) for _ in range(4)] == [0, 1, 0, 1]
 
 
+def test_driver_refuses_a_partition_whose_columns_drift_from_the_feeds_first(control):
+    """Two partitions may feed different nodes, so only the driver sees both schemas."""
+    state, secret, server = control
+    first = (M.Column("a", "number", "int64"), M.Column("b", "number", "double"))
+    client = _client(server, secret, node=-1)
+    assert client.assign_chunk("f", 10, partition=0, columns=first) == 0
+    assert client.assign_chunk("f", 10, partition=1, columns=first[:1] + (M.Column("b", "number", "int64"),)) == 1
+    with pytest.raises(RequestRefused, match=r"partition 2, row 0: column 'c' appears"):
+        client.assign_chunk("f", 10, partition=2, columns=first + (M.Column("c", "number", "int64"),))
+    assert client.assign_chunk("g", 10, partition=0, columns=first[:1]) == 0  # another feed starts afresh
+
+
 def test_unknown_node_index_is_an_error_reply_and_changes_nothing(control):
     state, secret, server = control
     with pytest.raises(RequestRefused, match="unknown node index 7"):

@@ -11,6 +11,7 @@ import logging
 
 from tfos.driver.registry import NodeRegistry
 from tfos.wire import messages as M
+from tfos.wire.schema import column_drift
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ class FeedScheduler:
         self.feed_ranks = list(feed_ranks)  # node indexes that take fed data
         self.feed_rows: dict[str, dict[int, int]] = {}
         self.terminated: set[int] = set()
+        self.feed_columns: dict[str, tuple[M.Column, ...]] = {}  # each feed's first columns
 
     def finished_reading(self, i: int) -> bool:
         """Node ``i`` terminated its feed or ended successfully: data for it may be skipped.
@@ -36,6 +38,7 @@ class FeedScheduler:
     def take_rows(self, feed_id: str) -> dict[int, int]:
         """Rows sent to each node by feed ``feed_id`` (forgotten afterwards)."""
         with self.registry.cond:
+            self.feed_columns.pop(feed_id, None)
             return dict(self.feed_rows.pop(feed_id, {}))
 
     # -- control service handlers
@@ -43,6 +46,10 @@ class FeedScheduler:
         with self.registry.cond:
             if not self.feed_ranks:
                 return M.ErrorReply("no node of this cluster accepts fed data")
+            if msg.columns is not None:
+                drift = column_drift(self.feed_columns.setdefault(msg.feed_id, msg.columns), msg.columns)
+                if drift:
+                    return M.ErrorReply(f"partition {msg.partition}, row 0: {drift}")
             if msg.failed_node >= 0:
                 self.registry.node(msg.failed_node)
                 if not self.finished_reading(msg.failed_node):

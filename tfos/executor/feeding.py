@@ -177,7 +177,14 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
         try:
             with driver.session(timeout=60.0):
                 for batch in chunks:
-                    node = driver.assign_chunk(cfg.feed_id, batch.num_rows)
+                    if sender.schema is None:  # first chunk: the driver checks it against other partitions
+                        try:
+                            node = driver.assign_chunk(cfg.feed_id, batch.num_rows, partition=partition,
+                                                       columns=arrow.columns(batch.schema))
+                        except RequestRefused as e:
+                            raise FeedError(str(e)) from None
+                    else:
+                        node = driver.assign_chunk(cfg.feed_id, batch.num_rows)
                     while node >= 0:
                         try:
                             sender.send(node, batch)

@@ -17,9 +17,11 @@ import numpy as np
 import pyarrow as pa
 
 from tfos.errors import ConfigError, FeedError, ProtocolError
+from tfos.wire import messages as M
+from tfos.wire.schema import column_drift
 
 __all__ = ["ROW_KIND", "SHAPE", "rows_to_batch", "batch_to_rows", "column_to_numpy", "to_ipc", "from_ipc",
-           "results_to_batch", "schema_drift", "body_compressed"]
+           "results_to_batch", "schema_drift", "columns", "body_compressed"]
 
 ROW_KIND = b"tfos.row"
 SHAPE = b"tfos.shape"
@@ -295,28 +297,18 @@ def _kind(t: pa.DataType) -> str:
     return str(t)
 
 
-def schema_drift(first: pa.Schema, schema: pa.Schema) -> str | None:
-    """Pure: how ``schema`` differs from the ``first`` schema of the same feed, or None.
+def columns(schema: pa.Schema) -> tuple[M.Column, ...]:
+    """The typed description of ``schema`` that the driver compares between partitions."""
+    return tuple(M.Column(f.name, _kind(f.type), str(f.type), ((f.metadata or {}).get(SHAPE) or b"").decode())
+                 for f in schema)
 
-    Numbers may widen (ints then floats); a column whose kind changes (number then string), a
-    vector whose length or shape changes, and a column that appears or disappears are drift."""
+
+def schema_drift(first: pa.Schema, schema: pa.Schema) -> str | None:
+    """How ``schema`` differs from the ``first`` schema of the same feed, or None (see
+    :func:`tfos.wire.schema.column_drift`)."""
     if first.equals(schema, check_metadata=True):  # the common case: one comparison, no Python loop
         return None
-    if first.names != schema.names:
-        extra = [n for n in schema.names if n not in first.names]
-        missing = [n for n in first.names if n not in schema.names]
-        if extra:
-            return f"column {extra[0]!r} appears (the feed began with columns {first.names})"
-        if missing:
-            return f"column {missing[0]!r} is missing (the feed began with columns {first.names})"
-        return f"columns are reordered: {schema.names}, the feed began with {first.names}"
-    for a, b in zip(first, schema):
-        shape_a, shape_b = (a.metadata or {}).get(SHAPE), (b.metadata or {}).get(SHAPE)
-        if _kind(a.type) != _kind(b.type) or shape_a != shape_b:
-            what_a = f"{a.type}" + (f" of shape ({shape_a.decode()})" if shape_a else "")
-            what_b = f"{b.type}" + (f" of shape ({shape_b.decode()})" if shape_b else "")
-            return f"column {a.name!r} holds {what_b}, but earlier rows of this feed hold {what_a}"
-    return None
+    return column_drift(columns(first), columns(schema))
 
 
 def results_to_batch(results) -> pa.RecordBatch:

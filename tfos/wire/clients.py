@@ -91,9 +91,12 @@ class DriverClient:
                                    stopped_by_driver, reason))
 
     # -- feeding task
-    def assign_chunk(self, feed_id: str, rows: int, failed_node: int = -1) -> int:
-        """The node that takes the next ``rows`` rows (-1: every node stopped reading)."""
-        return self._request(M.AssignChunk(self.cluster_id, feed_id, rows, failed_node)).node_index
+    def assign_chunk(self, feed_id: str, rows: int, failed_node: int = -1, partition: int = -1,
+                     columns: tuple[M.Column, ...] | None = None) -> int:
+        """The node that takes the next ``rows`` rows (-1: every node stopped reading). With
+        ``columns`` (a partition's first chunk) the driver also checks them against the feed's."""
+        return self._request(M.AssignChunk(self.cluster_id, feed_id, rows, failed_node, partition,
+                                           columns)).node_index
 
 
 class FeedClient:

@@ -274,15 +274,30 @@ class NodeExited:  # agent -> driver
 
 
 @message
+class Column:
+    """One column of a fed schema, as the driver compares them: name, kind (``number`` for ints,
+    floats and bools, else the Arrow type), the Arrow type and the per-row shape of a vector."""
+
+    name: str
+    kind: str
+    type: str
+    shape: str = ""
+
+
+@message
 class AssignChunk:
     """Feeding task -> driver: which node takes the next ``rows`` rows? ``failed_node`` >= 0
     reports that sending to that node failed; the driver reassigns if the node had finished
-    reading (terminate / exit 0)."""
+    reading (terminate / exit 0). A partition's first request carries its ``columns``: the
+    driver refuses a partition whose columns drift from the feed's first (whichever node the
+    two partitions feed)."""
 
     cluster_id: str
     feed_id: str
     rows: int
     failed_node: int = -1
+    partition: int = -1
+    columns: tuple[Column, ...] | None = None
 
 
 @message

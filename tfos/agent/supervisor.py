@@ -3,8 +3,12 @@
 It starts the node's TF process with its GPU pinning and the user's environment, captures its
 output in the node log, sends heartbeats to the driver, and stops the TF process (SIGTERM,
 grace period, SIGKILL) when the driver asks, when the driver is unreachable for
-``heartbeat_timeout``, or when the executor JVM is gone. The TF process dies with the agent
-(PR_SET_PDEATHSIG + a pipe watchdog), so no TF process outlives its supervisor.
+``heartbeat_timeout``, or when the executor JVM is gone.
+
+The TF process runs under a reaper (``tfos.agent.reaper``), the agent's child: it stops the TF
+process and every descendant of it when the agent asks (SIGTERM) or dies, and exits as the TF
+process did. The reaper gets SIGTERM when the agent dies (PR_SET_PDEATHSIG), the TF process
+also has a pipe watchdog, so nothing started for the node outlives its supervisor.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 import threading
 import time
 
+from tfos.agent import reaper
 from tfos.agent.gpus import gpu_environment, pick_gpus
 from tfos.errors import TFOSError
 from tfos.host import private, processes
@@ -28,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: How the TF process is started: ``python -u -m tfos.node`` (pure, tested).
 TF_PROCESS_MODULE = "tfos.node"
+#: What the agent allows the reaper beyond the stop grace before it SIGKILLs it.
+REAPER_MARGIN_SECS = reaper.KILL_WAIT_SECS + 2.0
 
 
 def tf_process_command(python: str) -> list[str]:
@@ -39,7 +46,7 @@ class NodeAgent:
         self.cfg = cfg
         self.driver = DriverClient.for_node(cfg)
         self.stop_event = threading.Event()
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | None = None  # the reaper, parent of the TF process
         self.log_path = os.path.join(cfg.node_dir, "node.log")
         self.error_path = os.path.join(cfg.node_dir, "error.txt")
         self._watch_w: int | None = None
@@ -53,10 +60,12 @@ class NodeAgent:
         env.update(gpu_environment(gpus))
         env["PYTHONUNBUFFERED"] = "1"
         tf_cfg = dataclasses.replace(cfg, gpus=tuple(gpus), watchdog_fd=watch_r)
+        command = reaper.reaper_command(cfg.python, cfg.cluster.stop_grace_secs, (watch_r,),
+                                        tf_process_command(cfg.python))
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(tf_process_command(cfg.python), stdin=subprocess.PIPE, stdout=log,
-                                         stderr=subprocess.STDOUT, pass_fds=(watch_r,), cwd=cfg.working_dir,
-                                         env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
+            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                         pass_fds=(watch_r,), cwd=cfg.working_dir, env=env, start_new_session=True,
+                                         preexec_fn=_reaper_dies_with_agent)
         os.close(watch_r)
         self.proc.stdin.write(M.encode(tf_cfg) + b"\n")
         self.proc.stdin.close()
@@ -71,16 +80,16 @@ class NodeAgent:
             logger.exception("node agent failed to start the TF process")
             _say(f"FAILED {type(e).__name__}: {e}")
             if self.proc:
-                processes.terminate(self.proc, 0, "TF process")
+                self.stop_tf_process()
             return 1
         _say(f"STARTED tf_pid={self.proc.pid} gpus={','.join(gpus) or 'none'}")
-        logger.info("TF process %d started for node %d (%s:%d), gpus=%s", self.proc.pid, cfg.node_index,
-                    cfg.job_name, cfg.task_index, gpus or "none")
+        logger.info("TF process started under reaper %d for node %d (%s:%d), gpus=%s", self.proc.pid,
+                    cfg.node_index, cfg.job_name, cfg.task_index, gpus or "none")
         why = "error in the node agent"
         try:
             why = self.supervise()
         finally:
-            code = processes.terminate(self.proc, cfg.cluster.stop_grace_secs, "TF process")
+            code = self.stop_tf_process()
         code = -9 if code is None else code
         logger.info("TF process of node %d exited with code %s (%s)", cfg.node_index, code, why or "finished")
         self.report_exit(code, why == "driver", "" if why in ("", "driver") else why)
@@ -88,6 +97,13 @@ class NodeAgent:
             logging.shutdown()
             private.remove_tree(cfg.node_dir)
         return 0
+
+    def stop_tf_process(self) -> int | None:
+        """SIGTERM the reaper, which stops the TF process and its descendants within the stop grace
+        (plus KILL_WAIT_SECS for SIGKILLed ones); SIGKILL the reaper if it takes longer. Returns the
+        reaper's exit code, which is the TF process's (None if even SIGKILL did not end it)."""
+        grace = self.cfg.cluster.stop_grace_secs + REAPER_MARGIN_SECS
+        return processes.terminate(self.proc, grace, "TF process reaper")
 
     def supervise(self) -> str:
         """Watch the TF process until it exits ("") or must be stopped: "driver" when the driver asked,
@@ -130,6 +146,12 @@ class NodeAgent:
             except (TFOSError, OSError) as e:
                 logger.warning("could not report the exit to the driver (attempt %d): %s", attempt + 1, e)
                 time.sleep(1.0)
+
+
+def _reaper_dies_with_agent() -> None:
+    """preexec_fn of the reaper: SIGTERM (which it handles by stopping the TF process and its
+    descendants) when the agent dies."""
+    processes.die_with_parent(signal.SIGTERM)
 
 
 def _say(line: str) -> None:

@@ -15,6 +15,7 @@ import threading
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def alive(pid: int) -> bool:
@@ -27,13 +28,26 @@ def alive(pid: int) -> bool:
         return True
 
 
-def die_with_parent() -> None:
-    """preexec_fn: ask Linux to SIGKILL this child when its parent thread exits."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
+def _prctl(option: int, arg: int) -> bool:
+    """prctl(2) on Linux; False elsewhere or when it fails."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg, 0, 0, 0) == 0
+    except OSError:
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """preexec_fn: ask Linux to send ``sig`` (default SIGKILL) to this child when its parent thread
+    exits."""
+    _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def become_subreaper() -> bool:
+    """Make this process the Linux child subreaper of its descendants: orphans among them (even
+    setsid'ed ones) are re-parented to it rather than to init. False where unsupported."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def start_pipe_watchdog(fd: int, on_parent_death) -> threading.Thread:

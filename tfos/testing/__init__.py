@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 
+from tfos.agent.reaper import REAPER_MODULE
 from tfos.agent.supervisor import TF_PROCESS_MODULE
 from tfos.executor.bootstrap import AGENT_MODULE
 
@@ -78,19 +79,19 @@ def example_session(num_executors: int = 2, app_name: str = "tfos-example"):
 
 
 def tfos_processes():
-    """psutil.Process objects of tfos agents and TF processes running on this host."""
+    """psutil.Process objects of tfos agents, reapers and TF processes running on this host."""
     import psutil
 
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if any(m in cmd for m in (AGENT_MODULE, TF_PROCESS_MODULE)):
+        if any(m in cmd for m in (AGENT_MODULE, REAPER_MODULE, TF_PROCESS_MODULE)):
             found.append(p)
     return found
 
 
 def wait_no_tfos_processes(timeout: float = 30.0):
-    """Wait until no tfos agent or TF process is left; return the leftovers (empty list if none)."""
+    """Wait until no tfos agent, reaper or TF process is left; return the leftovers (empty list if none)."""
     deadline = time.monotonic() + timeout
     while True:
         left = tfos_processes()

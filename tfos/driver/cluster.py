@@ -25,7 +25,7 @@ from tfos.driver.lifecycle import Lifecycle, Phase
 from tfos.driver.registry import NodeRegistry
 from tfos.driver.service import ControlService
 from tfos.errors import (ClusterStateError, ConfigError, FeedError, NodeFailedError, ReservationTimeoutError,
-                         TFOSError, TFOSTimeoutError)
+                         TFOSError, TFOSTimeoutError, remote_error)
 from tfos.executor.bootstrap import make_bootstrap, node_dir_hint
 from tfos.topology import InputMode
 from tfos.wire import messages as M
@@ -75,7 +75,7 @@ class TFCluster:
     InputMode = InputMode
 
     def __init__(self, sc, roles, backend, cluster: M.ClusterConfig, default_input_mode: InputMode,
-                 timeline_path: str | None, progress: bool):
+                 timeline_path: str | None, progress: bool, address: S.ControlAddress | None = None):
         self.sc = sc
         self.roles = roles
         self.backend = backend
@@ -84,7 +84,15 @@ class TFCluster:
                                      max_wait=cluster.reservation_timeout)
         feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
         self.scheduler = FeedScheduler(self.registry, feed_ranks)
-        self.service = ControlService(self.registry, self.scheduler, cluster.secret).start()
+        address = address or S.ControlAddress(cluster.driver_host, "0.0.0.0", 0, "spark.driver.host")
+        try:
+            self.service = ControlService(self.registry, self.scheduler, cluster.secret, address.bind,
+                                          address.port).start()
+        except OSError as e:
+            setting = "TFOS_SERVER_HOST/TFOS_SERVER_PORT" if address.setting == "TFOS_SERVER_HOST" else \
+                "spark.driver.bindAddress"
+            raise ConfigError(f"the driver's control service cannot listen on {address.bind}:{address.port}: {e}; "
+                              f"set {setting} to an address of this machine") from None
         self.config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
         self.feeds = FeedJobs(sc, self.registry, self.scheduler, self.config, self.raise_if_failed, self._abort)
@@ -144,10 +152,12 @@ class TFCluster:
         roles = topology.assign_roles(num_executors, num_ps, master_node, eval_node)
         slots = S.wait_for_slots(sc, num_executors, reservation_timeout)
         logger.info("tfos: %d task slots available for %d nodes", slots, num_executors)
+        address = S.control_address(dict(sc.getConf().getAll()), os.environ)
+        S.check_advertised(address, sc.master)
         log_dir = log_dir or tempfile.mkdtemp(prefix="tfos-logs-")
         config = M.ClusterConfig(
             cluster_id=uuid.uuid4().hex[:12], secret=new_secret(),
-            driver_host=S.driver_host(sc.getConf().get("spark.driver.host")), driver_port=0,
+            driver_host=address.advertise, driver_port=address.port,
             roles=tuple(roles), input_mode=int(InputMode.TENSORFLOW), reservation_timeout=float(reservation_timeout),
             log_dir=log_dir, default_fs=S.default_fs(sc), num_gpus=num_gpus,
             env={k: str(v) for k, v in (env or {}).items()}, release_port=bool(release_port),
@@ -156,7 +166,7 @@ class TFCluster:
             stop_grace_secs=_seconds("stop_grace_secs", stop_grace_secs, allow_zero=True),
             timeline=bool(timeline), report_interval=_seconds("report_interval", report_interval))
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
-        cluster = cls(sc, roles, backend_obj, config, default_mode, timeline, progress)
+        cluster = cls(sc, roles, backend_obj, config, default_mode, timeline, progress, address)
         if tensorboard:
             from tfos.driver.tensorboard import TensorBoard
 
@@ -459,6 +469,9 @@ class TFCluster:
 
 
 def _short(e: BaseException) -> str:
+    remote = remote_error(e)
+    if remote is not None:
+        return str(remote)[:1000]
     text = str(e).strip().splitlines()
     for line in text:
         if "TFOSError" in line or "Error:" in line:

@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 
 
 class ControlService:
-    def __init__(self, registry: NodeRegistry, scheduler: FeedScheduler, secret: str, bind_host: str = "0.0.0.0"):
+    def __init__(self, registry: NodeRegistry, scheduler: FeedScheduler, secret: str, bind_host: str = "0.0.0.0",
+                 port: int = 0):
         self.registry = registry
         self.handlers = {
             M.RegisterNode: registry.on_register,
@@ -30,7 +31,7 @@ class ControlService:
             M.FeedTerminated: scheduler.on_terminated,
         }
         self._listener = Listener(secret, self._serve, f"control-{registry.cluster_id}", bind_host,
-                                  max_data_frame=0)
+                                  max_data_frame=0, port=port)
         self.port = self._listener.port
 
     def start(self) -> "ControlService":

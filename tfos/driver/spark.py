@@ -4,11 +4,13 @@ driver)."""
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import socket
 import threading
 import time
 
-from tfos.errors import ReservationTimeoutError
+from tfos.errors import ConfigError, ReservationTimeoutError
 
 
 def wait_for_slots(sc, num_executors: int, timeout: float) -> int:
@@ -48,6 +50,62 @@ def driver_host(spark_conf_host: str | None) -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlAddress:
+    advertise: str  # what executors connect to
+    bind: str  # what the control service listens on
+    port: int  # 0: the OS picks
+    setting: str  # the setting that chose ``advertise`` (for error messages)
+
+
+def control_address(spark_conf: dict, environ: dict) -> ControlAddress:
+    """Pure: where the driver's control service listens and what it tells executors.
+
+    ``TFOS_SERVER_HOST``/``TFOS_SERVER_PORT`` (TensorFlowOnSpark's variables, for hosts with
+    several interfaces) win; else Spark's own ``spark.driver.host`` (advertised) and
+    ``spark.driver.bindAddress`` (bound; all interfaces if unset)."""
+    port_s = environ.get("TFOS_SERVER_PORT") or "0"
+    try:
+        port = int(port_s)
+        if not 0 <= port < 65536:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"TFOS_SERVER_PORT={port_s!r} is not a port number") from None
+    host = environ.get("TFOS_SERVER_HOST")
+    if host:
+        return ControlAddress(host, host, port, "TFOS_SERVER_HOST")
+    return ControlAddress(driver_host(spark_conf.get("spark.driver.host")),
+                          spark_conf.get("spark.driver.bindAddress") or "0.0.0.0", port, "spark.driver.host")
+
+
+def is_local_master(master: str, resolve=socket.gethostbyname) -> bool:
+    """Pure (given ``resolve``): executors of this master run on the driver's machine: ``local``,
+    ``local[...]``, ``local-cluster[...]``, or a standalone master on a loopback address."""
+    if master == "local" or master.startswith(("local[", "local-cluster[")):
+        return True
+    if master.startswith("spark://"):
+        hosts = [hp.rsplit(":", 1)[0] for hp in master[len("spark://"):].split(",")]
+        try:
+            return all(ipaddress.ip_address(resolve(h)).is_loopback for h in hosts)
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+def check_advertised(address: ControlAddress, master: str, resolve=socket.gethostbyname) -> None:
+    """ConfigError if executors of a non-local master would be told a loopback address."""
+    if is_local_master(master, resolve):
+        return
+    try:
+        ip = ipaddress.ip_address(resolve(address.advertise))
+    except (OSError, ValueError):
+        return  # unresolvable here: the executors may still resolve it; they report if they cannot
+    if ip.is_loopback:
+        raise ConfigError(f"the driver would tell executors to reach it at {address.advertise} ({ip}), a loopback "
+                          f"address, but the master {master!r} runs executors on other hosts: set "
+                          f"{address.setting} to an address of this machine that the executors can reach")
 
 
 class SparkJob:

@@ -17,6 +17,10 @@ from tfos.wire import messages as M
 from tfos.wire.channel import Channel
 
 
+UNREACHABLE_DRIVER = ("this host cannot reach the driver at that address: set spark.driver.host (or TFOS_SERVER_HOST) "
+                      "to an address of the driver that executors can reach")
+
+
 class DriverClient:
     def __init__(self, host: str, port: int, secret: str, cluster_id: str, node_index: int = -1):
         self.host = host
@@ -39,7 +43,8 @@ class DriverClient:
     @contextlib.contextmanager
     def session(self, timeout: float = 60.0):
         """Keep one connection open for the requests made inside the block."""
-        self._ch = Channel.connect(self.host, self.port, self.secret, timeout=timeout, what="tfos driver")
+        self._ch = Channel.connect(self.host, self.port, self.secret, timeout=timeout, what="tfos driver",
+                                   unreachable_hint=UNREACHABLE_DRIVER)
         self._ch.settimeout(timeout)
         try:
             yield self
@@ -51,7 +56,7 @@ class DriverClient:
         if self._ch is not None:
             return self._ch.request(msg)
         with Channel.connect(self.host, self.port, self.secret, timeout=min(timeout, 30.0), what="tfos driver",
-                             setting=setting) as ch:
+                             setting=setting, unreachable_hint=UNREACHABLE_DRIVER) as ch:
             ch.settimeout(timeout)
             try:
                 return ch.request(msg)

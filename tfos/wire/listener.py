@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 class Listener:
     def __init__(self, secret: str, serve, name: str, bind_host: str = "0.0.0.0", max_connections: int = 4096,
                  handshake_timeout: float = 10.0, max_data_frame: int = MAX_DATA_FRAME, backlog: int = 64,
-                 idle_timeout: float = 3600.0):
+                 idle_timeout: float = 3600.0, port: int = 0):
         self.secret = secret
         self._serve = serve
         self.name = name
@@ -39,8 +39,12 @@ class Listener:
         self._last_warning = 0.0
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((bind_host, 0))
-        self.sock.listen(backlog)
+        try:
+            self.sock.bind((bind_host, port))
+            self.sock.listen(backlog)
+        except OSError:
+            self.sock.close()
+            raise
         self.port = self.sock.getsockname()[1]
         self._thread = threading.Thread(target=self._accept_loop, name=f"tfos-{name}-accept", daemon=True)
 

@@ -99,6 +99,18 @@ def test_driver_refuses_a_partition_whose_columns_drift_from_the_feeds_first(con
     assert client.assign_chunk("g", 10, partition=0, columns=first[:1]) == 0  # another feed starts afresh
 
 
+def test_a_second_copy_of_a_node_is_refused_and_fails_the_cluster(control):
+    """A barrier stage retried by Spark starts every node again while the first copies may run."""
+    state, secret, server = control
+    assert _client(server, secret, node=1).agent_started("h1", 100, 101, "/log") is False
+    assert _client(server, secret, node=1).agent_started("h1", 100, 101, "/log") is False  # the same agent again
+    with pytest.raises(RequestRefused, match="node 1 is already running \\(agent 100 on h1\\)"):
+        _client(server, secret, node=1).agent_started("h2", 200, 201, "/log")
+    assert state.nodes[1].agent.agent_pid == 100
+    assert [f.node_index for f in state.failures] == [1] and "spark.task.maxFailures" in state.failures[0].reason
+    assert state.nodes[0].stop  # every node is asked to stop
+
+
 def test_unknown_node_index_is_an_error_reply_and_changes_nothing(control):
     state, secret, server = control
     with pytest.raises(RequestRefused, match="unknown node index 7"):

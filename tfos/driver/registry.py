@@ -106,11 +106,25 @@ class NodeRegistry:
             if (info.job_name, info.task_index) != (n.job_name, n.task_index):
                 return M.ErrorReply(f"node {info.node_index} registered as {info.job_name}:{info.task_index}, "
                                     f"expected {n.job_name}:{n.task_index}")
+            if n.info is not None and (n.info.host, n.info.pid) != (info.host, info.pid):
+                return self._second_copy(info.node_index, f"TF process {info.pid} on {info.host}",
+                                         f"TF process {n.info.pid} on {n.info.host}")
             n.info = info
             self.cond.notify_all()
         logger.info("tfos node %d registered: %s:%d at %s:%d", info.node_index, info.job_name, info.task_index,
                     info.host, info.tf_port)
         return M.Ack()
+
+    def _second_copy(self, i: int, new: str, first: str):
+        """Refuse a second copy of node ``i`` (a barrier stage retried by Spark) and fail the cluster:
+        the first copy may still be running, and two copies of one rank corrupt training.
+        Caller holds the condition."""
+        self.fail(NodeFailure(i, self.nodes[i].job_name, self.nodes[i].task_index, self.host_of(i),
+                              f"Spark started this node a second time ({new}; the first is {first}): the tfos "
+                              "barrier stage was retried (spark.task.maxFailures > 1) after a task failed. tfos "
+                              "never runs two copies of a node; see the first failure"))
+        return M.ErrorReply(f"node {i} is already running ({first}); a retried Spark task may not start a second "
+                            "copy")
 
     def on_cluster_spec(self, msg: M.GetClusterSpec):
         wait = max(0.0, min(msg.timeout, self.max_wait))
@@ -139,6 +153,9 @@ class NodeRegistry:
     def on_agent_started(self, msg: M.AgentStarted):
         with self.cond:
             n = self.node(msg.node_index)
+            if n.agent is not None and (n.agent.host, n.agent.agent_pid) != (msg.host, msg.agent_pid):
+                return self._second_copy(msg.node_index, f"agent {msg.agent_pid} on {msg.host}",
+                                         f"agent {n.agent.agent_pid} on {n.agent.host}")
             n.agent = msg
             n.last_heartbeat = time.monotonic()
             self.cond.notify_all()

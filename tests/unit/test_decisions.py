@@ -248,3 +248,53 @@ def test_duration_settings_are_checked_before_they_cross_to_the_nodes(value, all
             _seconds("heartbeat_timeout", value, allow_zero)
     else:
         assert _seconds("heartbeat_timeout", value, allow_zero) == expected
+
+
+@pytest.mark.parametrize("conf,env,expected", [
+    ({"spark.driver.host": "10.1.2.3"}, {}, ("10.1.2.3", "0.0.0.0", 0, "spark.driver.host")),
+    ({"spark.driver.host": "h", "spark.driver.bindAddress": "10.1.2.3"}, {}, ("h", "10.1.2.3", 0, "spark.driver.host")),
+    ({"spark.driver.host": "h"}, {"TFOS_SERVER_HOST": "10.9.9.9", "TFOS_SERVER_PORT": "4000"},
+     ("10.9.9.9", "10.9.9.9", 4000, "TFOS_SERVER_HOST")),
+    ({"spark.driver.host": "h"}, {"TFOS_SERVER_PORT": "4001"}, ("h", "0.0.0.0", 4001, "spark.driver.host")),
+])
+def test_control_address(conf, env, expected):
+    from tfos.driver.spark import control_address
+
+    a = control_address(conf, env)
+    assert (a.advertise, a.bind, a.port, a.setting) == expected
+
+
+@pytest.mark.parametrize("port", ["x", "-1", "70000"])
+def test_control_address_rejects_bad_port(port):
+    from tfos.driver.spark import control_address
+
+    with pytest.raises(ConfigError, match="TFOS_SERVER_PORT"):
+        control_address({}, {"TFOS_SERVER_PORT": port})
+
+
+@pytest.mark.parametrize("advertise,master,resolves_to,fails", [
+    ("127.0.0.1", "spark://10.0.0.9:7077", "127.0.0.1", True),
+    ("myhost", "yarn", "127.0.1.1", True),          # Debian's /etc/hosts maps the hostname to 127.0.1.1
+    ("myhost", "yarn", "10.0.0.5", False),
+    ("127.0.0.1", "local-cluster[2,1,1024]", "127.0.0.1", False),
+    ("127.0.0.1", "local[*]", "127.0.0.1", False),
+    ("127.0.0.1", "spark://127.0.0.1:7077", "127.0.0.1", False),   # a standalone master on loopback: all local
+    ("localhost", "spark://10.0.0.1:7077,10.0.0.2:7077", "127.0.0.1", True),
+    ("gone", "k8s://x", None, False),                # unresolvable here: executors may resolve it
+])
+def test_check_advertised_refuses_loopback_for_remote_executors(advertise, master, resolves_to, fails):
+    from tfos.driver.spark import ControlAddress, check_advertised
+
+    def resolve(name):
+        if name[0].isdigit():
+            return name
+        if resolves_to is None:
+            raise OSError("unknown host")
+        return resolves_to
+
+    address = ControlAddress(advertise, "0.0.0.0", 0, "spark.driver.host")
+    if fails:
+        with pytest.raises(ConfigError, match="loopback.*set spark.driver.host"):
+            check_advertised(address, master, resolve)
+    else:
+        check_advertised(address, master, resolve)

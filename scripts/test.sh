@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test suite: unit tests plus integration tests on a real Spark local-cluster[2,1,1024]
-# (TF 2.21), then the Horovod tests in their own TF 2.15 environment (scripts/horovod_env.sh).
-# Extra arguments go to the main pytest run and skip the Horovod part (e.g. -m "not slow").
+# (TF 2.21); then the multi-host suite (its own pytest session: a standalone cluster of three
+# hosts in network namespaces; needs root, skipped otherwise); then the Horovod tests in their
+# own TF 2.15 environment (scripts/horovod_env.sh).
+# Extra arguments go to the main pytest run and skip the other two parts (e.g. -m "not slow").
 set -euo pipefail
 TFOS_EXTRAS="tf,spark,test"
 source "$(dirname "$0")/_venv.sh"
@@ -15,6 +17,18 @@ if [ "$code" -eq 5 ]; then
   exit 1
 fi
 [ "$code" -eq 0 ] || exit "$code"
+if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_MULTIHOST:-0}" != "1" ]; then
+  echo "== multi-host tests (Spark standalone, one network namespace per host)"
+  set +e
+  python -m pytest --multihost
+  code=$?
+  set -e
+  if [ "$code" -eq 5 ]; then
+    echo "no multi-host test ran: failing on purpose" >&2
+    exit 1
+  fi
+  [ "$code" -eq 0 ] || exit "$code"
+fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HOROVOD:-0}" != "1" ]; then
   echo "== Horovod tests (TF 2.15 + Horovod 0.28.1 environment)"
   HVD_VENV="$(bash scripts/horovod_env.sh | tail -1)"

@@ -16,6 +16,26 @@ for p in (ROOT, os.path.join(ROOT, "examples", "digits"), os.path.join(ROOT, "te
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 SPARK_FIXTURES = {"spark", "sc", "tfos_cluster"}
+MULTIHOST = os.path.join(ROOT, "tests", "multihost")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--multihost", action="store_true",
+                     help="run only the multi-host tests (tests/multihost: a Spark standalone cluster of several "
+                          "hosts in network namespaces; needs root). They need their own pytest session, since "
+                          "one process holds one SparkContext.")
+
+
+def pytest_ignore_collect(collection_path, config):
+    path = str(collection_path)
+    inside = path == MULTIHOST or path.startswith(MULTIHOST + os.sep)
+    if config.getoption("--multihost"):
+        if not inside and collection_path.is_dir() and not MULTIHOST.startswith(path):
+            return True
+        if not inside and collection_path.suffix == ".py":
+            return True
+        return None
+    return True if inside else None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,10 +24,7 @@ def main_fun(args, ctx):
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     global_batch = args.batch_size * ctx.num_workers
-    feed = ctx.get_data_feed(train_mode=True)
     spec = (tf.TensorSpec((None, 64), tf.float32), tf.TensorSpec((None,), tf.int64))
-    # Each node's feed is its own shard: AutoShardPolicy.OFF is set by feed.dataset().
-    dist_ds = strategy.distribute_datasets_from_function(lambda _: feed.dataset(args.batch_size, spec))
     with strategy.scope():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
                                   keras.layers.Dense(10)])
@@ -46,12 +43,16 @@ def main_fun(args, ctx):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=batch), axis=None)
 
     steps = 0
-    for batch in dist_ds:  # iterate to exhaustion: uneven feeds end together, no hang
-        loss = train_step(batch)
-        steps += 1
-        if steps % 50 == 0:
-            ctx.report(step=steps, loss=float(loss))
-    print(f"node {ctx.node_index}: trained {steps} steps on {feed.rows_read} fed rows", flush=True)
+    for _ in range(getattr(args, "train_calls", 1)):  # one feed per cluster.train() call
+        feed = ctx.get_data_feed(train_mode=True)
+        # Each node's feed is its own shard: AutoShardPolicy.OFF is set by feed.dataset().
+        dist_ds = strategy.distribute_datasets_from_function(lambda _: feed.dataset(args.batch_size, spec))
+        for batch in dist_ds:  # iterate to exhaustion: uneven feeds end together, no hang
+            loss = train_step(batch)
+            steps += 1
+            if steps % 50 == 0:
+                ctx.report(step=steps, loss=float(loss))
+        print(f"node {ctx.node_index}: trained {steps} steps, {feed.rows_read} rows of this feed", flush=True)
 
     # Inference: answer every fed row with the predicted class, until the cluster shuts down.
     infer = ctx.get_data_feed(train_mode=False)

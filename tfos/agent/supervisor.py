@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 #: How the TF process is started: ``python -u -m tfos.node`` (pure, tested).
 TF_PROCESS_MODULE = "tfos.node"
+#: How long the agent tries to report the TF process's exit to a driver it can reach.
+REPORT_EXIT_SECS = 15.0
+DRIVER_LOST = "no contact with the driver"
 #: What the agent allows the reaper beyond the stop grace before it SIGKILLs it.
 REAPER_MARGIN_SECS = reaper.KILL_WAIT_SECS + 2.0
 
@@ -129,22 +132,31 @@ class NodeAgent:
             except (TFOSError, OSError) as e:
                 if time.monotonic() - last_contact > c.heartbeat_timeout:
                     logger.error("lost the driver for %.0fs (%s); stopping the TF process", c.heartbeat_timeout, e)
-                    return f"no contact with the driver for {c.heartbeat_timeout:.0f}s"
+                    return f"{DRIVER_LOST} for {c.heartbeat_timeout:.0f}s"
             self.stop_event.wait(c.heartbeat_interval)
 
     def report_exit(self, code: int, stopped_by_driver: bool, reason: str = "") -> None:
+        """Tell the driver how the TF process ended: retried for REPORT_EXIT_SECS, or tried once
+        briefly when the driver was already lost (the agent must not linger for a dead driver)."""
         try:
             with open(self.error_path) as f:
                 tb = f.read()
         except OSError:
             tb = ""
-        for attempt in range(3):
+        driver_lost = reason.startswith(DRIVER_LOST)
+        deadline = time.monotonic() + (2.0 if driver_lost else REPORT_EXIT_SECS)
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 self.driver.node_exited(code, tb, processes.tail(self.log_path, 40), self.log_path,
-                                        stopped_by_driver, reason)
+                                        stopped_by_driver, reason,
+                                        timeout=max(0.5, min(10.0, deadline - time.monotonic())))
                 return
             except (TFOSError, OSError) as e:
-                logger.warning("could not report the exit to the driver (attempt %d): %s", attempt + 1, e)
+                if time.monotonic() + 1.0 >= deadline:
+                    logger.warning("could not report the exit to the driver (%d attempts): %s", attempt, e)
+                    return
                 time.sleep(1.0)
 
 

@@ -1,0 +1,309 @@
+"""The fault matrix across hosts: each fault reaches the driver as a TFOSError naming node, role,
+host and cause within 30 s, nothing hangs, and no tfos process is left behind (the autouse
+leftover check of tests/conftest.py runs after each test)."""
+
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from tfos import InputMode, TFCluster
+from tfos.errors import TFOSError
+from tfos.testing import wait_for
+
+SURFACE_SECS = 30.0
+FAST = dict(heartbeat_interval=1.0, heartbeat_timeout=10.0, stop_grace_secs=2.0)
+
+
+def allreduce_loop(args, ctx):
+    """MWMS all-reduce steps until stopped: a peer that disappears leaves the others in a collective."""
+    import time
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @tf.function
+    def step():
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.ones([1024])), axis=None)
+
+    i = 0
+    while True:
+        step()
+        i += 1
+        if i % 5 == 0:
+            ctx.report(step=i)
+        time.sleep(0.05)
+
+
+def family_loop(args, ctx):
+    """Spawns a child, a grandchild and a setsid grandchild (pids reported), then reports forever."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import subprocess, sys, time\n"
+            "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']),\n"
+            "        subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)]\n"
+            "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
+            "time.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    grandchildren = [int(p) for p in child.stdout.readline().split()]
+    i = 0
+    while True:
+        i += 1
+        ctx.report(step=i, family=[child.pid] + grandchildren)
+        time.sleep(0.2)
+
+
+def slow_reader(args, ctx):
+    import time
+
+    feed = ctx.get_data_feed()
+    while not feed.should_stop():
+        feed.next_batch(50)
+        ctx.report(rows=feed.rows_read)
+        time.sleep(0.02)
+
+
+def _victim(cluster, hosts, index=1):
+    node = next(n for n in cluster.nodes if n["node_index"] == index)
+    return node, hosts.by_address(node["host"])
+
+
+def _wait_steps(cluster, key="step", at_least=10, timeout=180.0):
+    ok = wait_for(lambda: len(cluster.metrics()) == len(cluster.roles)
+                  and all(m.get(key, 0) >= at_least for m in cluster.metrics().values()), timeout, 0.5)
+    assert ok, f"the nodes did not make progress: {cluster.metrics()}"
+
+
+def _surfaced(cluster, t_fault: float) -> tuple[TFOSError, float]:
+    """Wait for the driver's error; return it and the seconds since the fault."""
+    deadline = t_fault + 90
+    while time.monotonic() < deadline:
+        try:
+            cluster.raise_if_failed()
+        except TFOSError as e:
+            return e, time.monotonic() - t_fault
+        time.sleep(0.2)
+    pytest.fail(f"no error on the driver within 90s of the fault")
+
+
+def _assert_names(err: BaseException, cluster, node: dict, cause: str) -> None:
+    """The error names a node with its role and host, and a cause. The node is the one hit by the
+    fault, or a peer whose collective failed first because of it (then the cause is TF's)."""
+    text = str(err)
+    named = [n for n in cluster.nodes
+             if re.search(rf"node {n['node_index']} \({n['job_name']}:{n['task_index']} on {re.escape(n['host'])}\)",
+                          text)]
+    assert named, text
+    if node not in named:
+        cause = "UnavailableError|CancelledError|collective|peer"
+    assert re.search(cause, text), text
+
+
+def _cleanup(cluster):
+    if not cluster.lifecycle.ended:
+        cluster._abort(TFOSError("the test ended"))
+
+
+def _shutdown_raises(cluster):
+    with pytest.raises(TFOSError):
+        cluster.shutdown(timeout=120)
+
+
+def test_network_cut_mid_training(mh_sc, hosts, record_property):
+    cluster = TFCluster.run(mh_sc, allreduce_loop, None, 2, 0, master_node="chief", **FAST)
+    node, host = _victim(cluster, hosts)
+    try:
+        _wait_steps(cluster)
+        t0 = time.monotonic()
+        hosts.cut(host)
+        err, secs = _surfaced(cluster, t0)
+        _assert_names(err, cluster, node, "lost contact with the node agent")
+        assert secs < SURFACE_SECS, secs
+        record_property("seconds_to_error", round(secs, 1))
+        hosts.reconnect(host)
+        _shutdown_raises(cluster)
+    finally:
+        hosts.reconnect(host)
+        _cleanup(cluster)
+
+
+def test_network_cut_mid_feed(mh_sc, hosts, record_property):
+    cluster = TFCluster.run(mh_sc, slow_reader, None, 2, 0, input_mode=InputMode.SPARK, master_node="chief", **FAST)
+    node, host = _victim(cluster, hosts)
+    cut_at = []
+
+    def cutter():
+        if wait_for(lambda: all(m.get("rows", 0) >= 500 for m in cluster.metrics().values())
+                    and len(cluster.metrics()) == 2, 180, 0.2):
+            cut_at.append(time.monotonic())
+            hosts.cut(host)
+
+    t = threading.Thread(target=cutter, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(TFOSError) as info:
+            cluster.train(mh_sc.parallelize(range(400_000), 4), num_epochs=1)
+        t.join(5)
+        assert cut_at, "the feed ended before the cut"
+        secs = time.monotonic() - cut_at[0]
+        _assert_names(info.value, cluster, node, "lost contact with the node agent")
+        assert secs < SURFACE_SECS, secs
+        record_property("seconds_to_error", round(secs, 1))
+        hosts.reconnect(host)
+        _shutdown_raises(cluster)
+    finally:
+        hosts.reconnect(host)
+        _cleanup(cluster)
+
+
+def test_whole_host_killed_mid_training(mh_sc, hosts, record_property):
+    cluster = TFCluster.run(mh_sc, allreduce_loop, None, 2, 0, master_node="chief", **FAST)
+    node, host = _victim(cluster, hosts)
+    try:
+        _wait_steps(cluster)
+        t0 = time.monotonic()
+        assert hosts.kill_host(host) > 0
+        err, secs = _surfaced(cluster, t0)
+        _assert_names(err, cluster, node, "lost contact with the node agent|reservation job failed|executor")
+        assert secs < SURFACE_SECS, secs
+        record_property("seconds_to_error", round(secs, 1))
+        _shutdown_raises(cluster)
+    finally:
+        _cleanup(cluster)
+        hosts.restart_worker(host)
+
+
+def test_agent_killed_takes_the_tf_process_and_all_its_descendants(mh_sc, hosts, record_property):
+    import psutil
+
+    cluster = TFCluster.run(mh_sc, family_loop, None, 2, 0, master_node="chief", **FAST)
+    node, _host = _victim(cluster, hosts)
+    try:
+        _wait_steps(cluster, at_least=2)
+        family = cluster.metrics()[1]["family"]
+        agent_pid = cluster.registry.nodes[1].agent.agent_pid
+        tree = [node["pid"]] + family
+        assert all(psutil.pid_exists(p) for p in tree)
+        t0 = time.monotonic()
+        psutil.Process(agent_pid).kill()
+        assert wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                        for p in tree), 15, 0.1), [p for p in tree if psutil.pid_exists(p)]
+        record_property("seconds_to_no_descendant", round(time.monotonic() - t0, 1))
+        err, secs = _surfaced(cluster, t0)
+        _assert_names(err, cluster, node, "lost contact with the node agent|exited")
+        assert secs < SURFACE_SECS, secs
+        record_property("seconds_to_error", round(secs, 1))
+        _shutdown_raises(cluster)
+    finally:
+        _cleanup(cluster)
+
+
+def test_agent_stopped_with_sigstop(mh_sc, hosts, record_property):
+    """A hung executor: the agent stops answering. The driver reports it; once the agent runs again
+    it finds it was asked to stop and ends its TF process."""
+    import psutil
+
+    cluster = TFCluster.run(mh_sc, allreduce_loop, None, 2, 0, master_node="chief", **FAST)
+    node, _host = _victim(cluster, hosts)
+    agent = psutil.Process(cluster.registry.nodes[1].agent.agent_pid)
+    try:
+        _wait_steps(cluster)
+        t0 = time.monotonic()
+        agent.send_signal(signal.SIGSTOP)
+        err, secs = _surfaced(cluster, t0)
+        _assert_names(err, cluster, node, "lost contact with the node agent")
+        assert secs < SURFACE_SECS, secs
+        record_property("seconds_to_error", round(secs, 1))
+        _shutdown_raises(cluster)
+    finally:
+        agent.send_signal(signal.SIGCONT)
+        _cleanup(cluster)
+
+
+def test_executor_lost_with_task_retries_never_runs_a_second_copy(mh_sc, hosts, record_property):
+    """spark.task.maxFailures=2 here: Spark retries the barrier stage after the executor of node 1
+    dies, starting every node again; the driver refuses the second copies and reports the loss."""
+    import psutil
+
+    assert mh_sc.getConf().get("spark.task.maxFailures") == "2"
+    cluster = TFCluster.run(mh_sc, allreduce_loop, None, 2, 0, master_node="chief", **FAST)
+    node, host = _victim(cluster, hosts)
+    first = {i: (n.agent.agent_pid, n.info.pid) for i, n in cluster.registry.nodes.items()}
+    try:
+        _wait_steps(cluster)
+        executors = hosts.executor_pids(host)
+        assert executors
+        t0 = time.monotonic()
+        for pid in executors:
+            psutil.Process(pid).kill()
+        err, secs = _surfaced(cluster, t0)
+        _assert_names(err, cluster, node, "lost contact with the node agent|executor JVM|exited|a second time")
+        assert secs < SURFACE_SECS, secs
+        record_property("seconds_to_error", round(secs, 1))
+        _shutdown_raises(cluster)
+        # whatever Spark retried, each node's registration is still its first copy
+        assert {i: (n.agent.agent_pid, n.info.pid) for i, n in cluster.registry.nodes.items()} == first
+    finally:
+        _cleanup(cluster)
+        from conftest import wait_executors
+
+        wait_executors(mh_sc, 3)
+
+
+def test_driver_killed_leaves_nothing_running_on_any_host(hosts, record_property):
+    """A second application on its own master and workers (h1, h2): its driver is SIGKILLed while
+    feeding; every agent, TF process and feeding task on both hosts is gone within
+    heartbeat_timeout + stop grace (+ the agent's last report attempts)."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tfos.testing import tfos_processes
+
+    _proc, port = hosts.start_master("master-b")
+    workers = [hosts.add_worker(h, ("master-b", port)) for h in hosts.hosts[:2]]
+    here = os.path.dirname(os.path.abspath(__file__))
+    driver = subprocess.Popen([sys.executable, os.path.join(here, "driver_to_kill.py"),
+                               f"spark://198.51.100.1:{port}"], cwd=here, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    try:
+        deadline = time.monotonic() + 300
+        line = ""
+        while "FEEDING" not in line and time.monotonic() < deadline and driver.poll() is None:
+            line = driver.stdout.readline()
+        assert "FEEDING" in line, "the driver program never fed its nodes"
+
+        def app_processes():
+            found = []
+            for w in workers:
+                try:
+                    found += [p for p in psutil.Process(w.pid).children(recursive=True)
+                              if "org.apache.spark.deploy.worker.Worker" not in " ".join(p.cmdline())]
+                except psutil.Error:
+                    pass
+            return found + tfos_processes()
+
+        assert any("pyspark.daemon" in " ".join(p.cmdline()) or "pyspark/daemon" in " ".join(p.cmdline())
+                   for p in app_processes() if p.is_running()) or tfos_processes()
+        t0 = time.monotonic()
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver's Python and its JVM
+        bound = 10.0 + 2.0 + 15.0
+        gone = wait_for(lambda: not app_processes(), bound + 30, 0.25)
+        secs = time.monotonic() - t0
+        left = [(p.pid, " ".join(p.cmdline())[:120]) for p in app_processes() if p.is_running()] if not gone else []
+        assert gone, left
+        assert secs < bound, secs
+        record_property("seconds_to_no_process", round(secs, 1))
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+        hosts.remove_extra_workers()

@@ -1,0 +1,137 @@
+"""tfos across hosts: a Spark standalone master on the bridge, one worker per host (network
+namespaces, tests/multihost/hosts.py). The driver is this pytest process on the bridge address."""
+
+import argparse
+import ipaddress
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hosts import DRIVER_ADDRESS, SUBNET
+from tfos import InputMode, TFCluster
+from tfos.errors import ConfigError, TFOSError
+
+
+def digits_main(args, ctx):
+    import digits_spark
+
+    ctx.report(tf_config=os.environ["TF_CONFIG"])
+    digits_spark.main_fun(args, ctx)
+
+
+def _on_subnet(address: str) -> bool:
+    return ipaddress.ip_address(address.rsplit(":", 1)[0]) in SUBNET
+
+
+def test_digits_trains_on_two_hosts_feeding_rdd_and_dataframe_across_hosts(mh_spark, hosts):
+    import digits_spark
+
+    sc = mh_spark.sparkContext
+    args = argparse.Namespace(batch_size=32, learning_rate=0.01, train_calls=2)
+    (xtr, ytr), (xte, yte) = digits_spark.load()
+    cluster = TFCluster.run(sc, digits_main, args, 2, 0, input_mode=InputMode.SPARK, master_node="chief",
+                            heartbeat_timeout=20)
+    try:
+        assert cluster.driver_host == DRIVER_ADDRESS  # the bridge address, never loopback
+        spec = cluster.cluster_spec
+        addresses = spec["chief"] + spec["worker"]
+        node_hosts = {a.rsplit(":", 1)[0] for a in addresses}
+        assert len(node_hosts) == 2 and all(_on_subnet(a) for a in addresses), spec
+        assert DRIVER_ADDRESS not in node_hosts
+        rdd = sc.parallelize(list(zip(xtr, ytr.tolist())), 4)
+        df = mh_spark.createDataFrame([(r.tolist(), int(l)) for r, l in zip(xtr, ytr)],
+                                      "features array<float>, label long").repartition(4)
+        fed = cluster.train(rdd, num_epochs=3) + cluster.train(df, num_epochs=3)
+        assert fed == 6 * len(ytr)
+        per_node = cluster.feed_rows_total
+        assert set(per_node) == {0, 1} and all(v > 0 for v in per_node.values()), per_node  # both hosts fed
+        for m in cluster.metrics().values():  # what each TF process saw in TF_CONFIG
+            tf_config = json.loads(m["tf_config"])
+            assert sorted(tf_config["cluster"]["chief"] + tf_config["cluster"]["worker"]) == sorted(addresses)
+        test = sc.parallelize(list(zip(xte, yte.tolist())), 4)
+        preds = cluster.inference(test).collect()
+        assert len(preds) == len(yte)  # every row answered
+        acc = float(np.mean(np.asarray(preds) == yte))
+    finally:
+        cluster.shutdown(timeout=300)
+    assert acc >= 0.8
+
+
+def test_parameter_servers_across_three_hosts(mh_spark, hosts, tmp_path):
+    import digits_ps
+    import digits_tf
+
+    sc = mh_spark.sparkContext
+    data = str(tmp_path / "data")
+    out = str(tmp_path / "out")
+    args = argparse.Namespace(epochs=2, batch_size=32, learning_rate=0.01, data_dir=data, output_dir=out, input="files",
+                              train_rows=digits_tf.prepare_shards(data)["train_rows"])
+    cluster = TFCluster.reserve(sc, 3, num_ps=1, backend="ps", input_mode=InputMode.TENSORFLOW)
+    try:
+        cluster.start(digits_ps.main_fun, args)
+        spec = cluster.cluster_spec
+        hosts_of = {job: {a.rsplit(":", 1)[0] for a in addrs} for job, addrs in spec.items()}
+        assert len(set().union(*hosts_of.values())) == 3, spec  # ps, chief and worker on three hosts
+    finally:
+        cluster.shutdown(timeout=300)
+    with open(os.path.join(out, "result.json")) as f:
+        result = json.load(f)
+    assert result["scheduled_steps"] == result["counted_steps"] and result["accuracy"] > 0.5
+
+
+def gpu_main(args, ctx):
+    ctx.report(gpus=",".join(ctx.gpus), cuda=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+
+
+def _gpus_by_host(cluster):
+    metrics = cluster.metrics()
+    by_host = {}
+    for n in cluster.nodes:
+        by_host.setdefault(n["host"], []).append(metrics[n["node_index"]]["gpus"])
+    return by_host
+
+
+def test_gpu_claims_are_per_host(mh_spark, hosts):
+    """Each host's fake nvidia-smi reports GPUs 0 and 1; no Spark GPU resources, so the agents claim
+    GPUs in their host's registry. A second worker on host 1 puts two nodes on one host."""
+    sc = mh_spark.sparkContext
+    cluster = TFCluster.run(sc, gpu_main, None, 3, 0, num_gpus=1, master_node="chief")
+    cluster.shutdown(timeout=120)
+    by_host = _gpus_by_host(cluster)
+    assert len(by_host) == 3 and all(g == ["0"] for g in by_host.values()), by_host  # GPU 0 on every host
+
+    hosts.add_worker(hosts.hosts[0])
+    from conftest import wait_executors
+
+    wait_executors(sc, 4)
+    try:
+        cluster = TFCluster.run(sc, gpu_main, None, 4, 0, num_gpus=1, master_node="chief")
+        cluster.shutdown(timeout=120)
+        by_host = _gpus_by_host(cluster)
+        assert sorted(by_host[hosts.hosts[0].address]) == ["0", "1"], by_host  # two nodes on one host: never both 0
+        assert all(g == ["0"] for h, g in by_host.items() if h != hosts.hosts[0].address), by_host
+    finally:
+        hosts.remove_extra_workers()
+
+
+def test_loopback_driver_address_fails_at_start_naming_the_setting(mh_spark, monkeypatch):
+    monkeypatch.setenv("TFOS_SERVER_HOST", "127.0.0.1")
+    with pytest.raises(ConfigError, match="loopback.*TFOS_SERVER_HOST"):
+        TFCluster.reserve(mh_spark.sparkContext, 2, 0)
+
+
+def test_unreachable_driver_address_fails_at_start_naming_spark_driver_host(mh_spark, monkeypatch):
+    """192.0.2.2 is this machine's own address, but the hosts have no route to it."""
+    import time
+
+    own = [a for a in os.popen("ip -o -4 addr show").read().split() if "/" in a and not a.startswith("127.")
+           and not ipaddress.ip_interface(a).network.overlaps(SUBNET)]
+    if not own:
+        pytest.skip("this machine has no address outside the test subnet")
+    monkeypatch.setenv("TFOS_SERVER_HOST", own[0].split("/")[0])
+    t0 = time.monotonic()
+    with pytest.raises(TFOSError, match="cannot reach the driver at that address: set spark.driver.host"):
+        TFCluster.run(mh_spark.sparkContext, gpu_main, None, 2, 0, reservation_timeout=60)
+    assert time.monotonic() - t0 < 90

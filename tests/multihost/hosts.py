@@ -114,7 +114,7 @@ class Hosts:
         self.master: subprocess.Popen | None = None
         self.master_port = 0
         self.extra_workers: list[tuple[Host, subprocess.Popen]] = []
-        self.extra_masters: list[subprocess.Popen] = []
+        self.masters: list[subprocess.Popen] = []  # the main one first
 
     @property
     def master_url(self) -> str:
@@ -159,7 +159,7 @@ class Hosts:
             with open(smi, "w") as f:
                 f.write(FAKE_SMI)
             os.chmod(smi, 0o755)
-        self._start_master()
+        self.master, self.master_port = self.start_master("master")
         for h in self.hosts:
             h.worker = self._start_worker(h, "worker")
         self._wait_workers(self.n)
@@ -183,9 +183,6 @@ class Hosts:
     def _spark_class(self, *args: str) -> list[str]:
         return [os.path.join(spark_home(), "bin", "spark-class"), *args]
 
-    def _start_master(self) -> None:
-        self.master, self.master_port = self.start_master("master")
-
     def start_master(self, name: str) -> tuple[subprocess.Popen, int]:
         """A Spark master on the bridge address (log ``<name>.log``); returns it and its port."""
         with socket.socket() as s:  # a free port on the bridge address (bound right after: no other user here)
@@ -197,7 +194,7 @@ class Hosts:
                               "--port", str(port), "--webui-port", "0"),
             stdout=log, stderr=subprocess.STDOUT, env=self._env(None), start_new_session=True)
         log.close()
-        self.extra_masters.append(proc)
+        self.masters.append(proc)
         return proc, port
 
     def _start_worker(self, h: Host, name: str, master_url: str | None = None) -> subprocess.Popen:
@@ -306,8 +303,7 @@ class Hosts:
                 if not self.kill_host(h):
                     break
                 time.sleep(0.1)
-        for proc in ([self.master] + [h.worker for h in self.hosts] + [p for _, p in self.extra_workers]
-                     + self.extra_masters):
+        for proc in [h.worker for h in self.hosts] + [p for _, p in self.extra_workers] + self.masters:
             if proc is not None and proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)

@@ -75,7 +75,7 @@ class TFCluster:
     InputMode = InputMode
 
     def __init__(self, sc, roles, backend, cluster: M.ClusterConfig, default_input_mode: InputMode,
-                 timeline_path: str | None, progress: bool, address: S.ControlAddress | None = None):
+                 timeline_path: str | None, progress: bool, address: S.ControlAddress):
         self.sc = sc
         self.roles = roles
         self.backend = backend
@@ -84,15 +84,12 @@ class TFCluster:
                                      max_wait=cluster.reservation_timeout)
         feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
         self.scheduler = FeedScheduler(self.registry, feed_ranks)
-        address = address or S.ControlAddress(cluster.driver_host, "0.0.0.0", 0, "spark.driver.host")
         try:
             self.service = ControlService(self.registry, self.scheduler, cluster.secret, address.bind,
                                           address.port).start()
         except OSError as e:
-            setting = "TFOS_SERVER_HOST/TFOS_SERVER_PORT" if address.setting == "TFOS_SERVER_HOST" else \
-                "spark.driver.bindAddress"
             raise ConfigError(f"the driver's control service cannot listen on {address.bind}:{address.port}: {e}; "
-                              f"set {setting} to an address of this machine") from None
+                              f"set {address.bind_setting} to an address of this machine") from None
         self.config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
         self.feeds = FeedJobs(sc, self.registry, self.scheduler, self.config, self.raise_if_failed, self._abort)

@@ -59,6 +59,11 @@ class ControlAddress:
     port: int  # 0: the OS picks
     setting: str  # the setting that chose ``advertise`` (for error messages)
 
+    @property
+    def bind_setting(self) -> str:
+        """The setting that chose ``bind``."""
+        return "TFOS_SERVER_HOST/TFOS_SERVER_PORT" if self.setting == "TFOS_SERVER_HOST" else "spark.driver.bindAddress"
+
 
 def control_address(spark_conf: dict, environ: dict) -> ControlAddress:
     """Pure: where the driver's control service listens and what it tells executors.

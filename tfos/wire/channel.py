@@ -15,7 +15,6 @@ their own timeout setting.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import hmac
 import os
@@ -46,9 +45,6 @@ def _mac(secret: str, label: bytes, a: bytes, b: bytes) -> bytes:
     return hmac.new(bytes.fromhex(secret), label + a + b, hashlib.sha256).digest()
 
 
-_UNREACHABLE = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ECONNREFUSED, errno.ETIMEDOUT, None}
-
-
 class Channel:
     """An authenticated, framed connection. Not thread-safe for concurrent senders.
 
@@ -68,6 +64,7 @@ class Channel:
     @classmethod
     def connect(cls, host: str, port: int, secret: str, timeout: float, what: str = "tfos service",
                 setting: str = "", retry: bool = True, unreachable_hint: str = "") -> "Channel":
+        """``unreachable_hint`` replaces the ``setting`` hint when no connection could be made."""
         """Connect and authenticate within ``timeout`` seconds. A refused connection is retried
         with backoff (the service may be starting) unless ``retry=False``."""
         deadline = time.monotonic() + timeout
@@ -77,7 +74,7 @@ class Channel:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 hint = f"; raise {setting} if the peer is just slow" if setting else ""
-                if unreachable_hint and isinstance(last, OSError) and last.errno in _UNREACHABLE:
+                if unreachable_hint:
                     hint = f"; {unreachable_hint}"
                 raise TFOSTimeoutError(f"could not connect to the {what} at {host}:{port} within "
                                        f"{timeout:.0f}s: {last}{hint}")

@@ -51,15 +51,26 @@ def test_variable_lists_from_dataframes_must_be_uniform_to_batch():
         A.column_to_numpy(ragged, pa.field("f", ragged.type))
 
 
-@pytest.mark.parametrize("results,expected", [
-    ([1, 2, 3], [1, 2, 3]),
-    (np.array([0.5, 1.5]), [0.5, 1.5]),
-    (np.array([[1, 2], [3, 4]], np.float32), [[1.0, 2.0], [3.0, 4.0]]),
-    ([np.int64(4), np.float32(2.5)], [4, 2.5]),
-    ([{"p": 1}, {"p": 2}], [{"p": 1}, {"p": 2}]),
+@pytest.mark.parametrize("results,expected,types", [
+    ([1, 2, 3], [1, 2, 3], [int] * 3),
+    ([[1, 2], [3]], [[1, 2], [3]], [list] * 2),
+    (np.array([0.5, 1.5]), [0.5, 1.5], [np.float64] * 2),
+    (np.array([[1, 2], [3, 4]], np.float32), [[1.0, 2.0], [3.0, 4.0]], [np.ndarray] * 2),
+    ([np.int64(4), np.int64(2)], [4, 2], [np.int64] * 2),
+    ([np.float32(4), 2.5], [4.0, 2.5], [np.float64] * 2),
+    ([np.zeros((2, 3)), np.ones((2, 3))], [np.zeros((2, 3)), np.ones((2, 3))], [np.ndarray] * 2),
+    ([{"p": np.int64(1)}, {"p": 2}], [{"p": 1}, {"p": 2}], [dict] * 2),
+    (["a", "b"], ["a", "b"], [str] * 2),
 ])
-def test_results_to_batch(results, expected):
-    assert A.results_to_batch(results).column(0).to_pylist() == expected
+def test_results_come_back_as_given(results, expected, types):
+    """TensorFlowOnSpark returned main_fun's objects: numpy stays numpy (with its dtype and row
+    shape), Python values stay Python, through one Arrow batch and its IPC frame."""
+    back = A.batch_to_results(A.from_ipc(A.to_ipc(A.results_to_batch(results))))
+    assert [type(v) for v in back] == types
+    for got, want in zip(back, expected):
+        np.testing.assert_array_equal(got, want)
+    if types[0] is np.ndarray:
+        assert back[0].shape == np.asarray(expected[0]).shape
 
 
 # --------------------------------------------------------------------------- column_to_numpy

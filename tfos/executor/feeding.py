@@ -306,5 +306,5 @@ def make_inference_feeder(cfg: M.FeedConfig, arrow_input: bool, result_column: s
 
     def infer_rows(partition, iterator):
         for batch in _infer(cfg, partition, rows_to_chunks(iterator, partition, cfg.chunk_rows)):
-            yield from batch.column(0).to_pylist()
+            yield from arrow.batch_to_results(batch)
     return infer_rows

@@ -21,7 +21,7 @@ from tfos.wire import messages as M
 from tfos.wire.schema import column_drift
 
 __all__ = ["ROW_KIND", "SHAPE", "rows_to_batch", "batch_to_rows", "column_to_numpy", "to_ipc", "from_ipc",
-           "results_to_batch", "schema_drift", "columns", "body_compressed"]
+           "results_to_batch", "batch_to_results", "schema_drift", "columns", "body_compressed"]
 
 ROW_KIND = b"tfos.row"
 SHAPE = b"tfos.shape"
@@ -311,14 +311,56 @@ def schema_drift(first: pa.Schema, schema: pa.Schema) -> str | None:
     return column_drift(columns(first), columns(schema))
 
 
+RESULT_KIND = b"tfos.result"
+
+
+def _fixed_size(arr: np.ndarray) -> pa.Array:
+    return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(arr).reshape(-1)),
+                                             int(np.prod(arr.shape[1:])))
+
+
+def _plain(v):
+    return v.tolist() if isinstance(v, np.ndarray) else (v.item() if isinstance(v, np.generic) else v)
+
+
 def results_to_batch(results) -> pa.RecordBatch:
-    """Inference results (one per row: scalar, vector or dict) -> one-column record batch."""
-    if isinstance(results, np.ndarray) and results.ndim >= 2 and results.dtype != object:
-        arr = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(results).reshape(-1)),
-                                                int(np.prod(results.shape[1:])))
-    elif isinstance(results, np.ndarray):
-        arr = pa.array(results)
+    """Inference results (one per row) -> a one-column record batch that remembers what they were.
+
+    The field metadata key ``tfos.result`` says how :func:`batch_to_results` gives them back, so
+    main_fun's values come back as they were given (TensorFlowOnSpark handed back the pickled
+    objects): ``numpy`` (numpy scalars, or a 1-D array: one scalar per row), ``ndarray`` (numpy
+    arrays of one shape, or an N-D array: one row each; the row shape in ``tfos.shape``), or
+    ``python`` (Python scalars, lists, dicts: as Python values; numpy inside them becomes Python).
+    The first result decides the kind for the batch.
+    """
+    meta = {}
+    if isinstance(results, np.ndarray) and results.dtype != object:
+        values = results
     else:
-        arr = pa.array([r.tolist() if isinstance(r, np.ndarray) else (r.item() if isinstance(r, np.generic) else r)
-                        for r in results])
-    return pa.RecordBatch.from_arrays([arr], names=["result"])
+        results = list(results)
+        first = results[0] if results else None
+        if isinstance(first, (np.ndarray, np.generic)):
+            values = np.stack(results) if isinstance(first, np.ndarray) else np.asarray(results)
+        else:
+            values = None
+    if values is not None and values.dtype.kind in "biufSU":
+        if values.ndim >= 2:
+            arr = _fixed_size(values)
+            meta = {RESULT_KIND: b"ndarray", SHAPE: ",".join(map(str, values.shape[1:])).encode()}
+        else:
+            arr = pa.array(values)
+            meta = {RESULT_KIND: b"numpy"}
+    else:
+        items = values if values is not None else results
+        arr = pa.array([{k: _plain(x) for k, x in r.items()} if isinstance(r, dict) else _plain(r) for r in items])
+        meta = {RESULT_KIND: b"python"}
+    return pa.RecordBatch.from_arrays([arr], schema=pa.schema([pa.field("result", arr.type, metadata=meta)]))
+
+
+def batch_to_results(batch: pa.RecordBatch) -> list:
+    """The inverse of :func:`results_to_batch`: one value per row, numpy where main_fun gave numpy."""
+    field = batch.schema.field(0)
+    kind = (field.metadata or {}).get(RESULT_KIND, b"python")
+    if kind in (b"numpy", b"ndarray"):
+        return list(column_to_numpy(batch.column(0), field))
+    return batch.column(0).to_pylist()

@@ -194,14 +194,25 @@ def test_port_candidates_avoid_ephemeral_range_and_taken(eph, taken):
 
 
 @pytest.mark.parametrize("path,fs,wd,user,expected", [
+    # TensorFlowOnSpark's TFNode.hdfs_path, for each form of fs.defaultFS
     ("hdfs://nn:8020/data", "hdfs://nn:8020", "/w", "u", "hdfs://nn:8020/data"),
     ("file:///tmp/x", "hdfs://nn:8020", "/w", "u", "file:///tmp/x"),
+    ("gs://bucket/x", "hdfs://nn:8020", "/w", "u", "gs://bucket/x"),
     ("/data/x", "hdfs://nn:8020", "/w", "u", "hdfs://nn:8020/data/x"),
+    ("data/x", "hdfs://nn:8020", "/w", "u", "hdfs://nn:8020/user/u/data/x"),
     ("data/x", "hdfs://nn:8020/", "/w", "u", "hdfs://nn:8020/user/u/data/x"),
+    ("/data/x", "hdfs://", "/w", "u", "hdfs:///data/x"),
+    ("data/x", "hdfs://", "/w", "u", "hdfs:///user/u/data/x"),
+    ("/x", "viewfs://", "/w", "bob", "viewfs:///x"),
+    ("x", "viewfs://cluster", "/w", "bob", "viewfs://cluster/user/bob/x"),
+    ("x", "viewfs://cluster/", "/w", "bob", "viewfs://cluster/user/bob/x"),
+    ("data/x", "file://", "/work/dir", "u", "file:///work/dir/data/x"),
     ("data/x", "file:///", "/work/dir", "u", "file:///work/dir/data/x"),
     ("/abs/x", "file:///", "/work/dir", "u", "file:///abs/x"),
-    ("../x", "", "/work/dir", "u", "file:///work/x"),
-    ("x", "viewfs://cluster", "/w", "bob", "viewfs://cluster/user/bob/x"),
+    ("/abs/x", "file://", "/work/dir", "u", "file:///abs/x"),
+    ("../x", "", "/work/dir", "u", "file:///work/dir/../x"),
+    ("x", "s3a://bucket", "/w", "u", "s3a://bucket/x"),
+    ("/x", "s3a://bucket/", "/w", "u", "s3a://bucket/x"),
 ])
 def test_absolute_path(path, fs, wd, user, expected):
     assert absolute_path(path, fs, wd, user) == expected
@@ -262,9 +273,20 @@ def test_control_address(conf, env, expected):
 
     a = control_address(conf, env)
     assert (a.advertise, a.bind, a.port, a.setting) == expected
+    assert a.ports == (a.port,)
 
 
-@pytest.mark.parametrize("port", ["x", "-1", "70000"])
+@pytest.mark.parametrize("value,ports", [("9997-9999", (9997, 9998, 9999)), ("8888", (8888,)), ("0", (0,)),
+                                         ("5000-5000", (5000,))])
+def test_control_address_port_range(value, ports):
+    """TensorFlowOnSpark's TFOS_SERVER_PORT forms: one port, or a range tried in order."""
+    from tfos.driver.spark import control_address
+
+    a = control_address({"spark.driver.host": "h"}, {"TFOS_SERVER_PORT": value})
+    assert a.ports == ports and a.port == ports[0]
+
+
+@pytest.mark.parametrize("port", ["x", "-1", "70000", "9999-9997", "1-2-3", "0-5", "65535-65536"])
 def test_control_address_rejects_bad_port(port):
     from tfos.driver.spark import control_address
 

@@ -84,12 +84,7 @@ class TFCluster:
                                      max_wait=cluster.reservation_timeout)
         feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
         self.scheduler = FeedScheduler(self.registry, feed_ranks)
-        try:
-            self.service = ControlService(self.registry, self.scheduler, cluster.secret, address.bind,
-                                          address.port).start()
-        except OSError as e:
-            raise ConfigError(f"the driver's control service cannot listen on {address.bind}:{address.port}: {e}; "
-                              f"set {address.bind_setting} to an address of this machine") from None
+        self.service = self._listen(cluster.secret, address)
         self.config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
         self.feeds = FeedJobs(sc, self.registry, self.scheduler, self.config, self.raise_if_failed, self._abort)
@@ -106,6 +101,18 @@ class TFCluster:
         self.timeline_path: str | None = None
 
     # ------------------------------------------------------------------ construction
+    def _listen(self, secret: str, address) -> ControlService:
+        """The started control service, on the first free port of ``address.ports``."""
+        ports = address.ports or (address.port,)
+        for port in ports:
+            try:
+                return ControlService(self.registry, self.scheduler, secret, address.bind, port).start()
+            except OSError as e:
+                error = e
+        raise ConfigError(f"the driver's control service cannot listen on {address.bind} port "
+                          f"{'-'.join(map(str, sorted({ports[0], ports[-1]})))}: {error}; set "
+                          f"{address.bind_setting} to an address of this machine and a free port (range)") from None
+
     @classmethod
     def reserve(cls, sc, num_executors: int, num_ps: int = 0, *, master_node: str | None = "chief",
                 eval_node: bool = False, reservation_timeout: float = 600, num_gpus: int = 0,
@@ -463,6 +470,9 @@ class TFCluster:
                 self._timeline_request, prog.chrome_trace(self.roles, hosts, events, self.feeds.events))
             logger.info("tfos cluster timeline written to %s (open in chrome://tracing or Perfetto)",
                         self.timeline_path)
+
+
+TFCluster.TFCluster = TFCluster  # TensorFlowOnSpark's module.class name: `TFCluster.TFCluster` after the rename
 
 
 def _short(e: BaseException) -> str:

@@ -58,6 +58,7 @@ class ControlAddress:
     bind: str  # what the control service listens on
     port: int  # 0: the OS picks
     setting: str  # the setting that chose ``advertise`` (for error messages)
+    ports: tuple = ()  # every port to try, in order (TFOS_SERVER_PORT may be a range); () = (port,)
 
     @property
     def bind_setting(self) -> str:
@@ -69,20 +70,21 @@ def control_address(spark_conf: dict, environ: dict) -> ControlAddress:
     """Pure: where the driver's control service listens and what it tells executors.
 
     ``TFOS_SERVER_HOST``/``TFOS_SERVER_PORT`` (TensorFlowOnSpark's variables, for hosts with
-    several interfaces) win; else Spark's own ``spark.driver.host`` (advertised) and
+    several interfaces; the port may be a range ``9997-9999``, tried in order) win; else Spark's own ``spark.driver.host`` (advertised) and
     ``spark.driver.bindAddress`` (bound; all interfaces if unset)."""
     port_s = environ.get("TFOS_SERVER_PORT") or "0"
     try:
-        port = int(port_s)
-        if not 0 <= port < 65536:
+        first, _, last = port_s.partition("-")
+        ports = tuple(range(int(first), int(last or first) + 1))
+        if not ports or not all(0 <= p < 65536 for p in ports) or (0 in ports and len(ports) > 1):
             raise ValueError
     except ValueError:
-        raise ConfigError(f"TFOS_SERVER_PORT={port_s!r} is not a port number") from None
+        raise ConfigError(f"TFOS_SERVER_PORT={port_s!r} is neither a port number nor a range like 9997-9999") from None
     host = environ.get("TFOS_SERVER_HOST")
     if host:
-        return ControlAddress(host, host, port, "TFOS_SERVER_HOST")
+        return ControlAddress(host, host, ports[0], "TFOS_SERVER_HOST", ports)
     return ControlAddress(driver_host(spark_conf.get("spark.driver.host")),
-                          spark_conf.get("spark.driver.bindAddress") or "0.0.0.0", port, "spark.driver.host")
+                          spark_conf.get("spark.driver.bindAddress") or "0.0.0.0", ports[0], "spark.driver.host", ports)
 
 
 def is_local_master(master: str, resolve=socket.gethostbyname) -> bool:

@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
-import posixpath
+import logging
+
+logger = logging.getLogger(__name__)
 
 
 def absolute_path(path: str, default_fs: str, working_dir: str, user: str = "") -> str:
-    """Resolve ``path`` as TensorFlowOnSpark did: URIs stay as they are; on a local default
-    filesystem relative paths are relative to ``working_dir``; on a distributed one (hdfs://,
-    viewfs://, ...) absolute paths go on it and relative ones under ``/user/<user>``."""
+    """Resolve ``path`` exactly as TensorFlowOnSpark's ``TFNode.hdfs_path`` did.
+
+    * a URI (``scheme://...``) is returned as it is;
+    * an absolute path goes on the default filesystem: ``<defaultFS><path>``, so a defaultFS
+      without an authority gives ``hdfs:///foo``;
+    * a relative path goes under ``/user/<user>`` on hdfs:// and viewfs://, under ``working_dir``
+      on file://, and right under the root of any other filesystem.
+
+    ``default_fs`` may end in a slash (Hadoop's ``file:///``) or not (TensorFlowOnSpark's
+    ``file://``); both give the same results. Paths are joined, not normalised.
+    """
     if "://" in path:
         return path
-    fs = (default_fs or "file:///").rstrip("/")
-    if fs.startswith("file:"):
-        full = path if path.startswith("/") else posixpath.join(working_dir, path)
-        return "file://" + posixpath.normpath(full)
+    fs = default_fs or "file:///"
+    if fs.endswith("/") and not fs.endswith("://"):
+        fs = fs[:-1]
     if path.startswith("/"):
-        return fs + posixpath.normpath(path)
-    return fs + posixpath.normpath(posixpath.join("/user", user or "", path))
+        return fs + path
+    if fs.startswith(("hdfs://", "viewfs://")):
+        return f"{fs}/user/{user}/{path}"
+    if fs.startswith("file://"):
+        return f"{fs}/{working_dir.lstrip('/')}/{path}"
+    logger.warning("relative path %r on the default filesystem %s: resolved to its root", path, fs)
+    return f"{fs}/{path}"

@@ -45,6 +45,7 @@ class DataFeed:
         self.input_mapping = dict(input_mapping) if input_mapping else None
         self.queue = self.hub.queue(qname_in)
         self.done = False
+        self.closed = False  # the feed ended because the cluster is shutting down (no more train() calls)
         self._batch: pa.RecordBatch | None = None
         self._origin: Origin | None = None
         self._offset = 0
@@ -84,7 +85,7 @@ class DataFeed:
                                         f"{got_rows} arrived")
                     self.done = True
                 elif kind == CLOSE:
-                    self.done = True
+                    self.done = self.closed = True
                 elif kind == PART and not self.train_mode and got:
                     break
                 continue
@@ -116,6 +117,11 @@ class DataFeed:
         for s in slices:
             rows.extend(arrow.batch_to_rows(s))
         return rows
+
+    @property
+    def done_feeding(self) -> bool:
+        """TensorFlowOnSpark's name for :meth:`should_stop`."""
+        return self.done
 
     def should_stop(self) -> bool:
         """True once the feed has ended (all epochs delivered, terminated, or cluster shutdown)."""

@@ -4,21 +4,35 @@ from __future__ import annotations
 
 import tempfile
 
+from tfos.errors import ConfigError
+
+
+def _is_keras2(model) -> bool:
+    """tf_keras / Keras 2 models (``model.save(..., save_format='tf')`` exists) vs Keras 3."""
+    return type(model).__module__.split(".")[0] in ("tf_keras", "keras_2") or hasattr(model, "_get_save_spec")
+
 
 def export_saved_model(model, export_dir: str, is_chief: bool = False) -> str | None:
-    """Export ``model`` as a SavedModel on the chief only.
+    """Export ``model`` as a SavedModel; only the chief's copy lands in ``export_dir``.
 
-    Every worker of a multi-worker strategy must take part in saving (TF writes the variables
+    Keras 2 (tf_keras) models are written as TensorFlowOnSpark wrote them,
+    ``model.save(export_dir, save_format='tf')``, so ``tf.keras.models.load_model(export_dir)``
+    loads them back as Keras models. Keras 3 models are written with ``model.export`` (a serving
+    SavedModel: ``tf.saved_model.load`` or ``keras.layers.TFSMLayer``; Keras 3 no longer writes
+    the Keras-loadable SavedModel format). Other trackables go through ``tf.saved_model.save``.
+
+    Every worker of a multi-worker strategy must take part in saving (TF writes variables
     collectively), so non-chief nodes save to a private temporary directory that is removed
-    afterwards; only the chief's export lands in ``export_dir``. Returns the path written on the
-    chief, None elsewhere. Works with tf_keras/Keras 2 models (``tf.saved_model.save``) and
-    Keras 3 models (``model.export``).
+    afterwards (TensorFlowOnSpark left a ``worker_model`` directory in the working directory).
+    Returns the path written on the chief, None elsewhere.
     """
     import tensorflow as tf
 
     target = export_dir if is_chief else tempfile.mkdtemp(prefix="tfos-export-")
     try:
-        if hasattr(model, "export") and not hasattr(model, "_get_save_spec"):
+        if _is_keras2(model):
+            model.save(target, save_format="tf")
+        elif hasattr(model, "export"):
             model.export(target)  # Keras 3
         else:
             tf.saved_model.save(model, target)
@@ -26,6 +40,21 @@ def export_saved_model(model, export_dir: str, is_chief: bool = False) -> str | 
         if not is_chief and tf.io.gfile.exists(target):
             tf.io.gfile.rmtree(target)
     return export_dir if is_chief else None
+
+
+def disable_auto_shard(options) -> None:
+    """Turn off tf.data auto-sharding on ``options`` (a ``tf.data.Options``), as TensorFlowOnSpark
+    did: each node's feed already holds only its own rows."""
+    import tensorflow as tf
+
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+
+
+def is_gpu_available() -> bool:
+    """True if TensorFlow sees at least one GPU in this process."""
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU")) > 0
 
 
 class TFNode:
@@ -40,4 +69,40 @@ class TFNode:
 
     @staticmethod
     def hdfs_path(ctx, path):
-        return ctx.absolute_path(path)
+        """TensorFlowOnSpark's ``TFNode.hdfs_path``: reads only ``ctx.defaultFS`` and
+        ``ctx.working_dir``, so any context object of the older shape works."""
+        import getpass
+
+        from tfos.node.paths import absolute_path
+
+        return absolute_path(path, ctx.defaultFS, ctx.working_dir, getpass.getuser())
+
+    @staticmethod
+    def release_port(ctx) -> None:
+        """Close the socket that holds this node's TF port (``ctx.release_port()``)."""
+        ctx.release_port()
+
+    @staticmethod
+    def start_cluster_server(ctx, num_gpus=1, rdma=False):
+        raise ConfigError("TFNode.start_cluster_server is TF 1.x only (TensorFlowOnSpark 2.x refused it on TF 2 as "
+                          "well): use a tf.distribute strategy (ctx.strategy(), or MultiWorkerMirroredStrategy "
+                          "reads TF_CONFIG, which tfos sets)")
+
+    @staticmethod
+    def export_saved_model(sess, export_dir, tag_set, signatures):
+        raise ConfigError("TFNode.export_saved_model takes a TF 1.x Session (TensorFlowOnSpark 2.x refused it on "
+                          "TF 2 as well): use tfos.compat.export_saved_model(model, export_dir, is_chief)")
+
+    @staticmethod
+    def next_batch(mgr, batch_size, qname="input"):
+        raise ConfigError("TFNode.next_batch was removed in TensorFlowOnSpark 2.x: use "
+                          "TFNode.DataFeed(ctx.mgr).next_batch(batch_size)")
+
+    @staticmethod
+    def batch_results(mgr, results, qname="output"):
+        raise ConfigError("TFNode.batch_results was removed in TensorFlowOnSpark 2.x: use "
+                          "TFNode.DataFeed(ctx.mgr, False).batch_results(results)")
+
+    @staticmethod
+    def terminate(mgr, qname="input"):
+        raise ConfigError("TFNode.terminate was removed in TensorFlowOnSpark 2.x: use TFNode.DataFeed(ctx.mgr).terminate()")

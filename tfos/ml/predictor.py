@@ -191,3 +191,72 @@ def to_arrow_column(preds, n: int, arrow_type, mode: str):
         raise ConfigError(f"the model returns {flat.shape[1]} values per row but outputType is a scalar: use "
                           "outputType='array<float>', or outputMode='argmax' for class indices")
     return pa.array(flat.reshape(n).astype(arrow_type.to_pandas_dtype()))
+
+
+# --------------------------------------------------------------------------- tfos.pipeline.TFModel
+
+def get_signature(path: str, signature: str, tags=None):
+    """The signature function of the SavedModel at ``path`` (loaded with ``tags``), once per process."""
+    key = ("signature", path, signature, tuple(tags) if tags else None)
+    with _PREDICTORS_LOCK:
+        if key not in _PREDICTORS:
+            import tensorflow as tf
+
+            parsed = urlparse(path)
+            local = parsed.path if parsed.scheme == "file" else path
+            if not tf.io.gfile.exists(os.path.join(local, "saved_model.pb")):
+                raise ConfigError(f"export_dir {path!r} is not a SavedModel directory (no saved_model.pb) readable "
+                                  "by this executor")
+            logger.info("loading SavedModel %s (tags %s)", path, tags)
+            loaded = tf.saved_model.load(local, tags=list(tags) if tags else None)
+            if signature not in loaded.signatures:
+                raise ConfigError(f"SavedModel {path!r} has no signature {signature!r} (it has "
+                                  f"{sorted(loaded.signatures)}): set signature_def_key")
+            _PREDICTORS[key] = (loaded, loaded.signatures[signature])
+        return _PREDICTORS[key][1]
+
+
+def signature_outputs(path: str, signature: str, tags=None) -> dict:
+    """``{output name: (dtype name, rank)}`` of a SavedModel signature."""
+    fn = get_signature(path, signature, tags)
+    return {k: (spec.dtype.name, spec.shape.rank if spec.shape.rank is not None else 1)
+            for k, spec in fn.structured_outputs.items()}
+
+
+def predict_mapped(batches, *, path, signature, tags, inputs, outputs, batch_size, arrow_schema):
+    """mapInArrow function of ``tfos.pipeline.TFModel``: the input columns (``inputs``: [(column,
+    tensor)]) fed to the signature's tensors, ``batch_size`` rows per call; yields batches of the
+    output columns (``outputs``: [(tensor, column)]) only, one row per input row."""
+    import numpy as np
+    import pyarrow as pa
+    import tensorflow as tf
+
+    from tfos.wire.arrow import column_to_numpy
+
+    fn = get_signature(path, signature, tags)
+    specs = fn.structured_input_signature[1]
+    missing = [t for _, t in inputs if t not in specs]
+    if missing:
+        raise ConfigError(f"input_mapping names tensors {missing} that signature {signature!r} does not take "
+                          f"(it takes {sorted(specs)})")
+    for batch in batches:
+        for start in range(0, batch.num_rows, batch_size):
+            part = batch.slice(start, batch_size)
+            n = part.num_rows
+            feed = {}
+            for col, tensor in inputs:
+                j = part.schema.get_field_index(col)
+                x = tf.constant(column_to_numpy(part.column(j), part.schema.field(j)), dtype=specs[tensor].dtype)
+                want = specs[tensor].shape
+                if want.rank is not None and (x.shape.rank != want.rank or not want.is_compatible_with(x.shape)):
+                    x = tf.reshape(x, [n] + [d if d is not None else -1 for d in want.as_list()[1:]])
+                feed[tensor] = x
+            preds = fn(**feed)
+            cols = []
+            for (tensor, _), field in zip(outputs, arrow_schema):
+                value = np.asarray(preds[tensor])
+                if value.shape[:1] != (n,):
+                    raise TFOSError(f"output {tensor!r} has {value.shape[:1]} rows for {n} input rows: the model "
+                                    "must keep the batch dimension first")
+                cols.append(pa.array(value.tolist(), type=field.type))
+            yield pa.RecordBatch.from_arrays(cols, schema=arrow_schema)

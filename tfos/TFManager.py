@@ -2,4 +2,6 @@
 
 from tfos.node.manager import LocalManager, connect, start
 
-__all__ = ["start", "connect", "LocalManager"]
+TFManager = LocalManager  # TensorFlowOnSpark's manager class name (in-process here)
+
+__all__ = ["start", "connect", "LocalManager", "TFManager"]

@@ -57,10 +57,13 @@ def test_variable_lists_from_dataframes_must_be_uniform_to_batch():
     (np.array([0.5, 1.5]), [0.5, 1.5], [np.float64] * 2),
     (np.array([[1, 2], [3, 4]], np.float32), [[1.0, 2.0], [3.0, 4.0]], [np.ndarray] * 2),
     ([np.int64(4), np.int64(2)], [4, 2], [np.int64] * 2),
-    ([np.float32(4), 2.5], [4.0, 2.5], [np.float64] * 2),
     ([np.zeros((2, 3)), np.ones((2, 3))], [np.zeros((2, 3)), np.ones((2, 3))], [np.ndarray] * 2),
     ([{"p": np.int64(1)}, {"p": 2}], [{"p": 1}, {"p": 2}], [dict] * 2),
     (["a", "b"], ["a", "b"], [str] * 2),
+    ([np.float32(4), 2.5], [4.0, 2.5], [float] * 2),
+    ([np.zeros(2), np.zeros(3)], [[0.0] * 2, [0.0] * 3], [list] * 2),   # ragged arrays: lists
+    ([np.zeros(0), np.zeros(0)], [[], []], [list] * 2),                 # zero-width rows
+    ([np.zeros(2, np.float32), np.zeros(2)], [[0.0] * 2] * 2, [list] * 2),  # dtypes differ
 ])
 def test_results_come_back_as_given(results, expected, types):
     """TensorFlowOnSpark returned main_fun's objects: numpy stays numpy (with its dtype and row
@@ -136,3 +139,18 @@ def test_column_to_numpy_restores_nd_rows_from_shape_metadata():
 def test_column_to_numpy_errors_name_the_column(col, error, match):
     with pytest.raises(error, match=match):
         A.column_to_numpy(col, pa.field("c", col.type))
+
+
+def test_multi_dimensional_results_cast_to_nested_spark_arrays():
+    """DataFrame inference casts the results column to the output type: 2-D rows must become
+    list<list<...>>, which needs one Arrow list level per dimension."""
+    batch = A.results_to_batch(np.arange(12, dtype=np.float32).reshape(2, 2, 3))
+    cast = batch.column(0).cast(pa.list_(pa.list_(pa.float32())))
+    assert cast.to_pylist() == [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]]
+    back = A.batch_to_results(batch)
+    assert back[1].shape == (2, 3) and back[1].dtype == np.float32 and back[1][1, 2] == 11
+
+
+def test_results_that_fit_no_column_type_fail_clearly():
+    with pytest.raises(FeedError, match="int64, str.*same type"):
+        A.results_to_batch([np.int64(1), "a"])

@@ -160,3 +160,46 @@ def test_tfparallel_refuses_a_bad_count():
 
     with pytest.raises(ConfigError, match="num_executors"):
         TFParallel.run(None, print, {}, 0)
+
+
+@pytest.mark.parametrize("args,present,expected", [
+    ({}, True, 1), ({}, False, 0), ({"num_gpus": 2}, False, 2), ({"num_gpus": 0}, True, 0),
+    (__import__("argparse").Namespace(num_gpus=3), True, 3), (__import__("argparse").Namespace(), True, 1),
+    ({"num_gpus": "x"}, True, 0),
+])
+def test_single_node_gpus_as_tensorflowonspark_chose(args, present, expected):
+    """tf_args.num_gpus when given, else one GPU if the host has any (TFParallel, single_node_env)."""
+    from tfos.executor.parallel import requested_gpus
+
+    assert requested_gpus(args, present) == expected
+
+
+@pytest.mark.parametrize("fs,expected", [("file:///", "file://"), ("file://", "file://"), ("", "file://"),
+                                         ("hdfs://nn:8020", "hdfs://nn:8020"), ("hdfs://", "hdfs://"),
+                                         ("viewfs://c/", "viewfs://c/")])
+def test_ctx_default_fs_as_tensorflowonspark_gave_it(fs, expected):
+    from tfos.node.paths import context_default_fs
+
+    assert context_default_fs(fs) == expected
+
+
+def test_argv_namespace_contains_searches_the_argv():
+    from tfos.pipeline import Namespace
+
+    n = Namespace(["--num_gpus", "2"])
+    assert "--num_gpus" in n and "num_gpus" not in n
+
+
+def test_local_manager_results_go_through_the_wire_format():
+    """What a main_fun unit-tested locally gets back is what cluster.inference() would give."""
+    mgr = TFManager.start(b"k", ["input", "output"])
+    q = mgr.get_queue("input")
+    for i in range(3):
+        q.put((i, [float(i)] * 2))
+    q.put(None)
+    feed = TFNode.DataFeed(mgr, train_mode=False)
+    rows = feed.next_batch(3)
+    feed.batch_results([np.float32(r[0]) for r in rows[:1]] + [np.float64(r[0]) for r in rows[1:]])
+    out = mgr.get_queue("output")
+    results = [out.get_nowait() for _ in range(out.qsize())]
+    assert results == [0.0, 1.0, 2.0] and {type(r) for r in results} == {float}  # mixed numpy types: Python

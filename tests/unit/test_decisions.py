@@ -286,7 +286,7 @@ def test_control_address_port_range(value, ports):
     assert a.ports == ports and a.port == ports[0]
 
 
-@pytest.mark.parametrize("port", ["x", "-1", "70000", "9999-9997", "1-2-3", "0-5", "65535-65536"])
+@pytest.mark.parametrize("port", ["x", "-1", "70000", "9999-9997", "1-2-3", "0-5", "65535-65536", "9997-", "-9999"])
 def test_control_address_rejects_bad_port(port):
     from tfos.driver.spark import control_address
 

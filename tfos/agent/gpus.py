@@ -80,8 +80,25 @@ def pick_gpus(num_gpus: int, spark_gpus: Sequence[str]) -> list[str]:
         return list(spark_gpus)
     if not num_gpus:
         return []
+    me = os.getpid()
     with claims() as reg:
-        gpus = choose_gpus(num_gpus, None, _smi_gpus(), reg["gpus"].keys())
+        others = [g for g, pid in reg["gpus"].items() if pid != me]  # a reused Spark worker may pick again
+        gpus = choose_gpus(num_gpus, None, _smi_gpus(), others)
+        for g in [g for g, pid in reg["gpus"].items() if pid == me and g not in gpus]:
+            del reg["gpus"][g]
         for g in gpus:
-            reg["gpus"][g] = os.getpid()
+            reg["gpus"][g] = me
     return gpus
+
+
+def release_gpus() -> None:
+    """Drop this process's GPU claims (a Spark Python worker that ran a single-node TF task)."""
+    me = os.getpid()
+    with claims() as reg:
+        for g in [g for g, pid in reg["gpus"].items() if pid == me]:
+            del reg["gpus"][g]
+
+
+def gpus_present() -> bool:
+    """Whether nvidia-smi reports any GPU on this host."""
+    return bool(_smi_gpus())

@@ -9,6 +9,7 @@ progress bar, timeline and TensorBoard (``progress``, ``tensorboard``).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -104,14 +105,19 @@ class TFCluster:
     def _listen(self, secret: str, address) -> ControlService:
         """The started control service, on the first free port of ``address.ports``."""
         ports = address.ports or (address.port,)
+        error: OSError | None = None
         for port in ports:
             try:
                 return ControlService(self.registry, self.scheduler, secret, address.bind, port).start()
             except OSError as e:
                 error = e
-        raise ConfigError(f"the driver's control service cannot listen on {address.bind} port "
-                          f"{'-'.join(map(str, sorted({ports[0], ports[-1]})))}: {error}; set "
-                          f"{address.bind_setting} to an address of this machine and a free port (range)") from None
+                if e.errno not in (errno.EADDRINUSE, errno.EACCES):  # the address itself is wrong: stop here
+                    break
+        where = f"{address.bind}:{'-'.join(map(str, sorted({ports[0], ports[-1]})))}"
+        fix = f"set {address.bind_setting} to an address of this machine"
+        if ports != (0,):
+            fix += " and TFOS_SERVER_PORT to a free port or range"
+        raise ConfigError(f"the driver's control service cannot listen on {where}: {error}; {fix}") from None
 
     @classmethod
     def reserve(cls, sc, num_executors: int, num_ps: int = 0, *, master_node: str | None = "chief",

@@ -53,11 +53,12 @@ def run(sc, map_fun, tf_args, num_executors: int, use_barrier: bool = True,
     task = make_task(map_fun, tf_args, num_executors, default_fs(sc), use_barrier)
     rdd = sc.parallelize(range(num_executors), num_executors)
     rdd = rdd.barrier().mapPartitionsWithIndex(task) if use_barrier else rdd.mapPartitionsWithIndex(task)
+    previous = sc.getLocalProperty("spark.job.description")
     sc.setJobDescription(f"tfos TFParallel: {num_executors} instances")
     try:
         results = rdd.collect()
     finally:
-        sc.setJobDescription(None)
+        sc.setJobDescription(previous)
     failed = [r for r in results if r.error]
     if failed:
         raise NodeFailedError([NodeFailure(node_index=r.index, job_name="worker", task_index=r.index, host=r.host,

@@ -74,8 +74,8 @@ def control_address(spark_conf: dict, environ: dict) -> ControlAddress:
     ``spark.driver.bindAddress`` (bound; all interfaces if unset)."""
     port_s = environ.get("TFOS_SERVER_PORT") or "0"
     try:
-        first, _, last = port_s.partition("-")
-        ports = tuple(range(int(first), int(last or first) + 1))
+        first, dash, last = port_s.partition("-")
+        ports = tuple(range(int(first), int(last if dash else first) + 1))
         if not ports or not all(0 <= p < 65536 for p in ports) or (0 in ports and len(ports) > 1):
             raise ValueError
     except ValueError:

@@ -54,9 +54,14 @@ class InstanceResult:
     traceback: str = ""
 
 
-def _requested_gpus(tf_args) -> int:
+def requested_gpus(tf_args, gpus_present: bool) -> int:
+    """Pure: GPUs for a single-node instance, as TensorFlowOnSpark decided: ``tf_args.num_gpus``
+    (or ``tf_args['num_gpus']``) when given, else one if the host has GPUs, else none."""
+    value = tf_args.get("num_gpus") if isinstance(tf_args, dict) else getattr(tf_args, "num_gpus", None)
+    if value is None:
+        return 1 if gpus_present else 0
     try:
-        return int(getattr(tf_args, "num_gpus", None) or (tf_args.get("num_gpus", 0) if isinstance(tf_args, dict) else 0))
+        return max(0, int(value))
     except (TypeError, ValueError):
         return 0
 
@@ -65,7 +70,8 @@ def make_task(map_fun, tf_args, num_executors: int, default_fs: str, use_barrier
     def task(index, _iterator):
         from pyspark import BarrierTaskContext, TaskContext
 
-        from tfos.agent.gpus import gpu_environment, pick_gpus
+        from tfos.agent.gpus import gpu_environment, gpus_present, pick_gpus, release_gpus
+        from tfos.node.paths import context_default_fs
 
         if use_barrier:
             bctx = BarrierTaskContext.get()
@@ -73,21 +79,24 @@ def make_task(map_fun, tf_args, num_executors: int, default_fs: str, use_barrier
             host = nodes[index].rsplit(":", 1)[0]
         else:
             nodes, host = [], socket.gethostname()
-        res = TaskContext.get().resources()
-        gpus = pick_gpus(_requested_gpus(tf_args), tuple(res["gpu"].addresses) if "gpu" in res else ())
-        env = gpu_environment(gpus)
-        if "tensorflow" in sys.modules and os.environ.get("CUDA_VISIBLE_DEVICES") != env["CUDA_VISIBLE_DEVICES"]:
-            logger.warning("TensorFlow is already loaded in this Python worker: its GPUs cannot change to %s", gpus)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        ctx = ParallelContext(executor_id=index, worker_num=index, num_workers=len(nodes) or num_executors,
-                              defaultFS=default_fs, working_dir=os.getcwd(), nodes=nodes, gpus=gpus)
+        saved = {k: os.environ.get(k) for k in gpu_environment([])}
         try:
+            res = TaskContext.get().resources()
+            spark_gpus = tuple(res["gpu"].addresses) if "gpu" in res else ()
+            gpus = pick_gpus(0 if spark_gpus else requested_gpus(tf_args, gpus_present()), spark_gpus)
+            env = gpu_environment(gpus)
+            if "tensorflow" in sys.modules and os.environ.get("CUDA_VISIBLE_DEVICES") != env["CUDA_VISIBLE_DEVICES"]:
+                logger.warning("TensorFlow is already loaded in this Python worker: its GPUs cannot change to %s", gpus)
+            os.environ.update(env)
+            ctx = ParallelContext(executor_id=index, worker_num=index, num_workers=len(nodes) or num_executors,
+                                  defaultFS=context_default_fs(default_fs), working_dir=os.getcwd(),
+                                  nodes=nodes, gpus=gpus)
             map_fun(tf_args, ctx)
             return [InstanceResult(index, host)]
         except Exception as e:  # reported to the driver with this instance's index and host
             return [InstanceResult(index, host, f"{type(e).__name__}: {e}", traceback.format_exc())]
-        finally:  # the Python worker may run other tasks next: leave its environment as it was
+        finally:  # the Python worker may run other tasks next: leave its environment and claims as they were
+            release_gpus()
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -142,7 +142,7 @@ class Namespace:
         yield from (self.argv if self.argv else list(self.__dict__))
 
     def __contains__(self, key):
-        return key in self.__dict__
+        return key in self.argv if self.argv else key in self.__dict__
 
     def __repr__(self):
         if self.argv:
@@ -209,8 +209,13 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
                                 master_node=local_args.master_node, driver_ps_nodes=local_args.driver_ps_nodes)
         try:
             cluster.train(dataset.select(input_cols), local_args.epochs)
-        finally:
-            cluster.shutdown(grace_secs=self.getGraceSecs())
+        except BaseException:
+            try:  # the training error is the one to raise; shutdown's would only repeat or hide it
+                cluster.shutdown(grace_secs=self.getGraceSecs())
+            except Exception as e:
+                logger.info("shutdown after the failed training: %s", e)
+            raise
+        cluster.shutdown(grace_secs=self.getGraceSecs())
         return self._copyValues(TFModel(self.args))
 
 
@@ -232,6 +237,8 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
             raise ConfigError("TFModel needs setExportDir(...) (a SavedModel directory; TF 1.x checkpoints in "
                               "model_dir are not supported)")
         check_location(args.export_dir, "export_dir")
+        if not isinstance(args.batch_size, int) or args.batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive int (setBatchSize), got {args.batch_size!r}")
         inputs = sorted(args.input_mapping.items())        # (column, tensor), by column
         outputs = sorted(args.output_mapping.items())      # (tensor, column), by tensor
         if not inputs or not outputs:
@@ -293,15 +300,17 @@ def yield_batch(iterable, batch_size: int, num_tensors: int = 1):
 
 
 def single_node_env(args) -> None:
-    """Prepare this process for single-node TensorFlow: ``sys.argv`` from an argv list, and GPUs
-    (``args.num_gpus`` free ones from nvidia-smi; none unless asked)."""
+    """Prepare this process for single-node TensorFlow, as TensorFlowOnSpark did: ``sys.argv``
+    from an argv list, and GPUs (``args.num_gpus`` of them, else one if the host has any; claimed
+    for this process, so calling it again per partition picks the same ones)."""
     import os
     import sys
 
-    from tfos.agent.gpus import gpu_environment, pick_gpus
+    from tfos.agent.gpus import gpu_environment, gpus_present, pick_gpus
+    from tfos.executor.parallel import requested_gpus
 
     argv = args if isinstance(args, list) else getattr(args, "argv", None)
     if argv:
         sys.argv = list(argv)
-    num_gpus = 0 if isinstance(args, list) else int(getattr(args, "num_gpus", 0) or 0)
+    num_gpus = requested_gpus({} if isinstance(args, list) else args, gpus_present())
     os.environ.update(gpu_environment(pick_gpus(num_gpus, ())))

@@ -7,7 +7,7 @@ import getpass
 import socket
 
 from tfos import topology
-from tfos.node.paths import absolute_path
+from tfos.node.paths import absolute_path, context_default_fs
 from tfos.wire.messages import NodeConfig, NodeInfo
 
 
@@ -40,7 +40,7 @@ class NodeContext:
         self.tf_config = topology.tf_config(nodes, self.node_index)
         self.gpus = list(cfg.gpus)
         self.host = cfg.host
-        self.defaultFS = cfg.cluster.default_fs
+        self.defaultFS = context_default_fs(cfg.cluster.default_fs)
         self.working_dir = cfg.working_dir
         self.log_dir = cfg.cluster.log_dir
         self.input_mode = topology.InputMode(cfg.cluster.input_mode)

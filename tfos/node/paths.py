@@ -7,8 +7,17 @@ import logging
 logger = logging.getLogger(__name__)
 
 
+def context_default_fs(default_fs: str) -> str:
+    """Pure: ``ctx.defaultFS`` as TensorFlowOnSpark gave it: Hadoop's ``fs.defaultFS`` with the
+    root slash of ``file:///`` stripped (``file://``), so ``ctx.defaultFS + "/abs/path"`` works."""
+    fs = default_fs or "file:///"
+    if fs.startswith("file://") and len(fs) > 7 and fs.endswith("/"):
+        fs = fs[:-1]
+    return fs
+
+
 def absolute_path(path: str, default_fs: str, working_dir: str, user: str = "") -> str:
-    """Resolve ``path`` exactly as TensorFlowOnSpark's ``TFNode.hdfs_path`` did.
+    """Resolve ``path`` as TensorFlowOnSpark's ``TFNode.hdfs_path`` did (well-formed where it was not).
 
     * a URI (``scheme://...``) is returned as it is;
     * an absolute path goes on the default filesystem: ``<defaultFS><path>``, so a defaultFS

@@ -314,9 +314,26 @@ def schema_drift(first: pa.Schema, schema: pa.Schema) -> str | None:
 RESULT_KIND = b"tfos.result"
 
 
-def _fixed_size(arr: np.ndarray) -> pa.Array:
-    return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(arr).reshape(-1)),
-                                             int(np.prod(arr.shape[1:])))
+def _nested(arr: np.ndarray) -> pa.Array:
+    """(n, d1, d2, ...) -> fixed-size lists nested one level per dimension (casts to list<list<...>>)."""
+    out = pa.array(np.ascontiguousarray(arr).reshape(-1))
+    for d in reversed(arr.shape[1:]):
+        out = pa.FixedSizeListArray.from_arrays(out, int(d))
+    return out
+
+
+def _uniform_numpy(results: list):
+    """The results as one numpy array if they are all numpy values of one type, dtype and shape
+    (scalars, or arrays with at least one value); else None."""
+    first = results[0]
+    if isinstance(first, np.generic):
+        if all(type(r) is type(first) for r in results):
+            return np.asarray(results)
+        return None
+    if isinstance(first, np.ndarray) and first.size and all(
+            isinstance(r, np.ndarray) and r.dtype == first.dtype and r.shape == first.shape for r in results):
+        return np.stack(results)
+    return None
 
 
 def _plain(v):
@@ -330,29 +347,30 @@ def results_to_batch(results) -> pa.RecordBatch:
     main_fun's values come back as they were given (TensorFlowOnSpark handed back the pickled
     objects): ``numpy`` (numpy scalars, or a 1-D array: one scalar per row), ``ndarray`` (numpy
     arrays of one shape, or an N-D array: one row each; the row shape in ``tfos.shape``), or
-    ``python`` (Python scalars, lists, dicts: as Python values; numpy inside them becomes Python).
-    The first result decides the kind for the batch.
+    ``python`` (anything else: Python scalars, lists, dicts, mixed or ragged values, as Python
+    values; numpy inside lists and dicts becomes Python). Numpy kinds need every result of the
+    call to be numpy of one type, dtype and shape.
     """
-    meta = {}
-    if isinstance(results, np.ndarray) and results.dtype != object:
+    if isinstance(results, np.ndarray) and results.dtype != object and (results.ndim < 2 or results[0].size):
         values = results
     else:
         results = list(results)
-        first = results[0] if results else None
-        if isinstance(first, (np.ndarray, np.generic)):
-            values = np.stack(results) if isinstance(first, np.ndarray) else np.asarray(results)
-        else:
-            values = None
+        values = _uniform_numpy(results) if results else None
     if values is not None and values.dtype.kind in "biufSU":
         if values.ndim >= 2:
-            arr = _fixed_size(values)
+            arr = _nested(values)
             meta = {RESULT_KIND: b"ndarray", SHAPE: ",".join(map(str, values.shape[1:])).encode()}
         else:
             arr = pa.array(values)
             meta = {RESULT_KIND: b"numpy"}
     else:
         items = values if values is not None else results
-        arr = pa.array([{k: _plain(x) for k, x in r.items()} if isinstance(r, dict) else _plain(r) for r in items])
+        try:
+            arr = pa.array([{k: _plain(x) for k, x in r.items()} if isinstance(r, dict) else _plain(r) for r in items])
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            kinds = sorted({type(r).__name__ for r in items})
+            raise FeedError(f"batch_results: the results ({', '.join(kinds)}) do not fit one column type ({e}); "
+                            "give every row's result the same type and shape") from None
         meta = {RESULT_KIND: b"python"}
     return pa.RecordBatch.from_arrays([arr], schema=pa.schema([pa.field("result", arr.type, metadata=meta)]))
 

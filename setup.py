@@ -10,11 +10,20 @@ setup(
     python_requires=">=3.10",
     install_requires=["pyarrow>=14", "numpy", "tqdm", "protobuf>=4.23", "google-crc32c>=1.5"],
     extras_require={
-        "tf": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'"],
+        # Pick one TensorFlow: "tf" (CPU wheels, the default for CPU clusters) or "gpu" (TensorFlow
+        # with its CUDA wheels, for GPU hosts). TensorFlow 2.21 no longer pulls in tensorboard,
+        # which tensorboard=True (driver) and Keras' TensorBoard callback (nodes) need.
+        "tf": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'",
+               "tensorboard"],
+        "gpu": ["tensorflow[and-cuda]>=2.16", "tensorboard"],
         "spark": ["pyspark>=3.5", "pandas>=2.2,<3"],
+        "connect": ["pyspark[connect]>=3.5", "pandas>=2.2,<3"],
+        "keras2": ["tf-keras"],
         "examples": ["scikit-learn", "tf-keras"],
         "test": ["pytest>=7", "pytest-timeout", "psutil", "scikit-learn", "tf-keras", "tensorboard", "tqdm", "nbclient", "nbformat", "ipykernel"],
         "tensorboard": ["tensorboard"],
         "horovod": ["horovod>=0.28"],
+        "all": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'",
+                "tensorboard", "pyspark>=3.5", "pandas>=2.2,<3", "tf-keras", "scikit-learn"],
     },
 )

@@ -51,6 +51,10 @@ class FeedError(TFOSError):
     """Data could not be fed: a row could not be converted, or a feed was broken."""
 
 
+class ScriptError(TFOSError):
+    """A TF script run with ``TFCluster.run_script`` exited with a non-zero code."""
+
+
 class ClusterStateError(TFOSError):
     """An API call that the cluster's current state does not allow."""
 

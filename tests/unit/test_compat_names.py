@@ -162,6 +162,35 @@ def test_tfparallel_refuses_a_bad_count():
         TFParallel.run(None, print, {}, 0)
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["train.py"], ("train.py", [], 1, 0, "chief")),
+    (["--num-executors", "4", "--num-ps", "1", "t.py", "--epochs", "3", "--num-ps", "9"],
+     ("t.py", ["--epochs", "3", "--num-ps", "9"], 4, 1, "chief")),
+    (["--master-node", "none", "--env", "A=b=c", "t.py"], ("t.py", [], 1, 0, "none")),
+])
+def test_tfos_run_arguments(argv, expected):
+    """Everything after the script belongs to the script, even options tfos.run also has."""
+    from tfos.run import parse_args
+
+    a = parse_args(argv)
+    assert (a.script, a.script_args, a.num_executors, a.num_ps, a.master_node) == expected
+
+
+@pytest.mark.parametrize("argv", [[], ["--env", "novalue", "t.py"]])
+def test_tfos_run_refuses_bad_arguments(argv):
+    from tfos.run import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+
+
+def test_script_command():
+    from tfos.node.script import script_command
+
+    assert script_command("/py", "/d/script-t.py", ["--a", 1]) == ["/py", "-u", "/d/script-t.py", "--a", "1"]
+
+
 @pytest.mark.parametrize("args,present,expected", [
     ({}, True, 1), ({}, False, 0), ({"num_gpus": 2}, False, 2), ({"num_gpus": 0}, True, 0),
     (__import__("argparse").Namespace(num_gpus=3), True, 3), (__import__("argparse").Namespace(), True, 1),

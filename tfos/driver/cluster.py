@@ -208,6 +208,37 @@ class TFCluster:
         cluster.start(map_fun, tf_args, input_mode=input_mode)
         return cluster
 
+    @classmethod
+    def run_script(cls, sc, script: str, argv=(), num_executors: int = 1, num_ps: int = 0, *,
+                   master_node: str | None = "chief", timeout: float = 259200, grace_secs: float = 5,
+                   **kwargs) -> None:
+        """Run an unchanged TF script (one that reads ``TF_CONFIG``, as written for a plain
+        multi-worker setup) on ``num_executors`` executors, the way TorchDistributor runs torchrun
+        scripts; returns when every chief/worker copy exited with code 0.
+
+        The driver reads ``script`` and sends it along, so it need not exist on the executors
+        (the modules it imports must). Each node runs ``python -u script *argv`` with its role's
+        ``TF_CONFIG``; the output goes into the node logs. A non-zero exit raises NodeFailedError
+        naming the node, the exit code and the script's last lines. ``timeout`` bounds the wait
+        for the trainers (shutdown's timeout); ``kwargs`` go to :meth:`reserve` (``num_gpus``,
+        ``env``, ``eval_node``, ``reservation_timeout``, ...). InputMode.TENSORFLOW.
+        """
+        from tfos.node.script import Script, script_main
+
+        try:
+            with open(script, "rb") as f:
+                source = f.read()
+        except OSError as e:
+            raise ConfigError(f"cannot read the script {script!r} on the driver: {e}") from None
+        if isinstance(argv, str):
+            raise ConfigError("argv must be a list of arguments, e.g. ['--epochs', '3'], not a string")
+        kwargs["release_port"] = True  # the script's TF server binds the ports in TF_CONFIG
+        cluster = cls.reserve(sc, num_executors, num_ps, master_node=master_node,
+                              input_mode=InputMode.TENSORFLOW, **kwargs)
+        with cluster:
+            cluster.start(script_main, Script(os.path.basename(script), source, tuple(map(str, argv))))
+            cluster.shutdown(grace_secs=grace_secs, timeout=timeout)
+
     # ------------------------------------------------------------------ lifecycle
     def start(self, main_fun, tf_args=None, input_mode=None) -> "TFCluster":
         """Start one TF process per node running ``main_fun(tf_args, ctx)``; returns when every node

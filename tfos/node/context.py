@@ -42,6 +42,7 @@ class NodeContext:
         self.host = cfg.host
         self.defaultFS = context_default_fs(cfg.cluster.default_fs)
         self.working_dir = cfg.working_dir
+        self.node_dir = cfg.node_dir  # this node's private directory on the executor host (0700)
         self.log_dir = cfg.cluster.log_dir
         self.input_mode = topology.InputMode(cfg.cluster.input_mode)
         self.mgr = hub

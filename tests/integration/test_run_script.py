@@ -1,0 +1,54 @@
+"""TFCluster.run_script and ``python -m tfos.run``: unchanged TF scripts on the real local-cluster."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfos import TFCluster
+from tfos.errors import ConfigError, NodeFailedError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGITS_SCRIPT = os.path.join(ROOT, "examples", "digits", "digits_script.py")
+
+
+@pytest.mark.slow
+def test_plain_mwms_script_trains_to_the_examples_accuracy(sc, tmp_path):
+    """The script reads only TF_CONFIG; the in-process digits examples reach >= 0.9 (tests/e2e)."""
+    out = tmp_path / "result.json"
+    TFCluster.run_script(sc, DIGITS_SCRIPT, ["--epochs", "15", "--output", str(out)], num_executors=2)
+    result = json.loads(out.read_text())
+    assert result["accuracy"] >= 0.9, result
+    assert result["steps"] == 15 * ((1797 - 1797 // 4) // 2 // 32)  # both workers ran every step together
+
+
+def test_failing_script_reports_exit_code_and_last_lines(sc):
+    with pytest.raises(NodeFailedError) as e:
+        TFCluster.run_script(sc, DIGITS_SCRIPT, ["--fail", "3"], num_executors=2)
+    text = str(e.value)
+    assert "exited with code 3" in text and "failing on purpose as asked" in text
+    assert e.value.failures and {f.node_index for f in e.value.failures} <= {0, 1}  # the first failure stops the rest
+
+
+def test_script_must_be_readable_on_the_driver(sc, tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the script"):
+        TFCluster.run_script(sc, str(tmp_path / "missing.py"), num_executors=2)
+    with pytest.raises(ConfigError, match="list of arguments"):
+        TFCluster.run_script(sc, DIGITS_SCRIPT, "--epochs 3", num_executors=2)
+
+
+def test_tfos_run_command_exit_code_and_errors(tmp_path):
+    """``python -m tfos.run`` with its own Spark session: the worker's non-zero exit makes the
+    command exit 1 and print the node's exit code and output; the chief's copy ran with its role."""
+    script = tmp_path / "roles.py"
+    script.write_text("import json, os, sys\n"
+                      "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+                      "print('role', task['type'], task['index'], 'args', sys.argv[1:], flush=True)\n"
+                      "sys.exit(4 if task['type'] == 'worker' else 0)\n")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    out = subprocess.run([sys.executable, "-m", "tfos.run", "--master", "local-cluster[2,1,1024]", "--num-executors", "2",
+                          str(script), "--lr", "0.1"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "exited with code 4" in out.stderr and "role worker 0 args ['--lr', '0.1']" in out.stderr

@@ -1,0 +1,77 @@
+"""Run an unchanged TF script as a node's program (``TFCluster.run_script``; TF process).
+
+The script is the program a user already runs on a plain multi-worker setup: it reads
+``TF_CONFIG`` (set by tfos before this runs, ports released) and is started as a child of the TF
+process, ``python -u <script> <argv>`` in the executor's working directory. Its output goes line
+by line into the node's log; a non-zero exit raises :class:`~tfos.errors.ScriptError` with the
+exit code and the last lines, which the driver shows in its NodeFailedError. The child dies with
+the TF process (PDEATHSIG) and is terminated, then killed, if the TF process stops first; the
+node's reaper covers anything the script itself started.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+from tfos.errors import ScriptError
+from tfos.host import private, processes
+
+logger = logging.getLogger(__name__)
+
+#: Lines of the script's output kept for the error message.
+TAIL_LINES = 30
+#: How long the script may take to exit after closing its output.
+EXIT_WAIT_SECS = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Script:
+    """The script as the driver read it: it need not exist on the executors."""
+
+    name: str
+    source: bytes
+    argv: tuple = ()
+
+
+def script_command(python: str, path: str, argv) -> list[str]:
+    """Pure: the child's command line."""
+    return [python, "-u", path, *map(str, argv)]
+
+
+def run_script(script: Script, ctx) -> None:
+    """main_fun of ``TFCluster.run_script``: run ``script`` to its end on this node."""
+    path = os.path.join(ctx.node_dir, "script-" + (os.path.basename(script.name) or "main.py"))
+    private.write_private_file(path, script.source)
+    cmd = script_command(sys.executable, path, script.argv)
+    logger.info("node %d (%s:%d) runs %s", ctx.node_index, ctx.job_name, ctx.task_index, " ".join(cmd))
+    tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+    proc = subprocess.Popen(cmd, cwd=ctx.working_dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                            preexec_fn=lambda: processes.die_with_parent(signal.SIGTERM), start_new_session=True)
+    try:
+        for line in proc.stdout:  # ends when the script exits (or closes its output)
+            tail.append(line.rstrip("\n"))
+            sys.stdout.write(line)
+        sys.stdout.flush()
+        code = proc.wait(timeout=EXIT_WAIT_SECS)
+    except subprocess.TimeoutExpired:
+        raise ScriptError(f"{script.name} closed its output but did not exit within {EXIT_WAIT_SECS:.0f}s") from None
+    finally:
+        processes.terminate(proc, 5.0, "script")
+        proc.stdout.close()
+    if code != 0:
+        lines = "\n".join(tail)
+        raise ScriptError(f"{script.name} exited with code {code} on node {ctx.node_index} "
+                          f"({ctx.job_name}:{ctx.task_index}); its last lines:\n{lines}")
+    logger.info("%s finished on node %d", script.name, ctx.node_index)
+
+
+def script_main(args: Script, ctx) -> None:
+    """The main_fun handed to the nodes: ``args`` is the :class:`Script`."""
+    run_script(args, ctx)

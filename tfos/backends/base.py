@@ -62,8 +62,9 @@ class NodeHooks:
             return rdma_environment(rdma_devices(), self.socket_ifname)
         return {}
 
-    def run(self, main_fun, args, ctx) -> None:
-        main_fun(args, ctx)
+    def run(self, main_fun, args, ctx):
+        """Call main_fun; returns what it returned (an export path is logged with the MLflow run)."""
+        return main_fun(args, ctx)
 
     def strategy(self, ctx):
         raise ConfigError(f"the {type(self).__name__} backend has no tf.distribute strategy")

@@ -81,12 +81,12 @@ class HorovodNode(NodeHooks):
         env.update(horovod_env(me.node_index, config, vars(self), iface))
         return env
 
-    def run(self, main_fun, args, ctx) -> None:
+    def run(self, main_fun, args, ctx):
         timeline = os.environ.get("HOROVOD_TIMELINE")
         if timeline:
             os.makedirs(os.path.dirname(os.path.abspath(timeline)), exist_ok=True)
         try:
-            main_fun(args, ctx)
+            return main_fun(args, ctx)
         finally:
             hvd = sys.modules.get("horovod.tensorflow")
             if hvd is not None and hvd.is_initialized():

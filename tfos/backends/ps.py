@@ -13,7 +13,7 @@ logger = logging.getLogger(__name__)
 
 
 class PSNode(NodeHooks):
-    def run(self, main_fun, args, ctx) -> None:
+    def run(self, main_fun, args, ctx):
         if ctx.job_name in ("ps", "worker"):
             import tensorflow as tf
 
@@ -21,8 +21,8 @@ class PSNode(NodeHooks):
             server = tf.distribute.Server(tf.train.ClusterSpec(ctx.cluster_spec), job_name=ctx.job_name,
                                           task_index=ctx.task_index, protocol="grpc", start=True)
             server.join()  # runs until tfos stops this node after the chief finished
-            return
-        main_fun(args, ctx)
+            return None
+        return main_fun(args, ctx)
 
     def strategy(self, ctx):
         import tensorflow as tf

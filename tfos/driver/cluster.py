@@ -9,6 +9,7 @@ progress bar, timeline and TensorBoard (``progress``, ``tensorboard``).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import errno
 import json
 import logging
@@ -100,6 +101,8 @@ class TFCluster:
         self._progress = None
         self._timeline_request = timeline_path
         self.timeline_path: str | None = None
+        self._tracker = None  # tfos.driver.tracking.MlflowTracker when mlflow=True / mlflow_run=
+        self._mlflow_run_id: str | None = None
 
     # ------------------------------------------------------------------ construction
     def _listen(self, secret: str, address) -> ControlService:
@@ -127,7 +130,8 @@ class TFCluster:
                 stop_grace_secs: float = 5.0, input_mode=None, tensorboard: bool = False,
                 backend=None, transport: str = "grpc", backend_options: dict | None = None,
                 progress: bool = True, timeline: str | None = None, report_interval: float = 1.0,
-                tensorboard_host: str | None = None, tensorboard_port: int = 0) -> "TFCluster":
+                tensorboard_host: str | None = None, tensorboard_port: int = 0, mlflow: bool = False,
+                mlflow_run=None, mlflow_experiment: str | None = None) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
@@ -152,6 +156,9 @@ class TFCluster:
             from tfos.driver.tensorboard import require_tensorboard
 
             require_tensorboard()
+        if (mlflow or mlflow_run is not None) and importlib.util.find_spec("mlflow") is None:
+            raise ConfigError("mlflow=True / mlflow_run= need the mlflow package on the driver: pip install "
+                              "tfos[mlflow] (or mlflow), or leave them out")
         if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
             logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
                            "nodes; disable dynamic allocation for tfos jobs")
@@ -177,6 +184,12 @@ class TFCluster:
             timeline=bool(timeline), report_interval=_seconds("report_interval", report_interval))
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         cluster = cls(sc, roles, backend_obj, config, default_mode, timeline, progress, address)
+        if mlflow or mlflow_run is not None:
+            cluster._open_tracker(mlflow_run, mlflow_experiment, {
+                "num_executors": num_executors, "num_ps": num_ps, "master_node": master_node, "eval_node": eval_node,
+                "backend": backend_obj.name, "transport": transport, "num_gpus": num_gpus,
+                "reservation_timeout": reservation_timeout,
+                "log_dir": log_dir, "backend_options": backend_options or {}})
         if tensorboard:
             from tfos.driver.tensorboard import TensorBoard
 
@@ -253,6 +266,10 @@ class TFCluster:
             raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
         self.config = dataclasses.replace(self.config, input_mode=int(self.input_mode))
         bootstrap = make_bootstrap(self.config, main_fun, tf_args, self.backend.node_hooks())
+        if self._tracker is not None:
+            from tfos.driver.tracking import args_params
+
+            self._tracker.log_params(dict(args_params(tf_args), input_mode=self.input_mode.name))
         n = len(self.roles)
         self.lifecycle.to(Phase.STARTING)
 
@@ -307,6 +324,27 @@ class TFCluster:
     def _backend_setup(self, nodes) -> dict:
         config = self.backend.setup(nodes)
         return dict(config, driver_host=self.driver_host, log_dir=self.config.log_dir)
+
+    def _open_tracker(self, run, experiment, params: dict) -> None:
+        from tfos.driver.tracking import MlflowTracker, flatten_params
+
+        trainers = [i for i, (job, idx) in enumerate(self.roles)
+                    if topology.training_rank(job, idx, self.roles) is not None]
+        self._tracker = MlflowTracker(run, experiment, run_name=f"tfos-{self.cluster_id}", training_ranks=len(trainers))
+        self._mlflow_run_id = self._tracker.run_id
+        self._tracker.log_params(dict(flatten_params(params), cluster_id=self.cluster_id))
+
+        def on_history(node_index: int, entries: list) -> None:
+            job, idx = self.roles[node_index]
+            rank = topology.training_rank(job, idx, self.roles)
+            self._tracker.add(node_index, f"rank{rank}" if rank is not None else f"{job}{idx}", rank, entries)
+
+        self.registry.on_history = on_history
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """The MLflow run this cluster logs to (``mlflow=True`` / ``mlflow_run=``), else None."""
+        return self._mlflow_run_id
 
     @property
     def tensorboard_url(self) -> str | None:
@@ -497,16 +535,25 @@ class TFCluster:
             self._progress.close()
             self._progress = None
         summary = self.registry.summary()
-        if summary is None:
-            return
-        nodes_state, events, hosts = summary
-        logger.info("tfos cluster %s per-rank summary:\n%s", self.cluster_id,
-                    prog.rank_table(self.roles, nodes_state, self.feeds.rows_total))
-        if self._timeline_request:
-            self.timeline_path = prog.write_timeline(
-                self._timeline_request, prog.chrome_trace(self.roles, hosts, events, self.feeds.events))
-            logger.info("tfos cluster timeline written to %s (open in chrome://tracing or Perfetto)",
-                        self.timeline_path)
+        table = ""
+        if summary is not None:
+            nodes_state, events, hosts = summary
+            table = prog.rank_table(self.roles, nodes_state, self.feeds.rows_total)
+            logger.info("tfos cluster %s per-rank summary:\n%s", self.cluster_id, table)
+            if self._timeline_request:
+                self.timeline_path = prog.write_timeline(
+                    self._timeline_request, prog.chrome_trace(self.roles, hosts, events, self.feeds.events))
+                logger.info("tfos cluster timeline written to %s (open in chrome://tracing or Perfetto)",
+                            self.timeline_path)
+        tracker, self._tracker = self._tracker, None
+        if tracker is not None:
+            self.registry.on_history = None
+            paths = self.registry.model_paths
+            chief = next((i for i, (job, _) in enumerate(self.roles) if job in ("chief", "master") and i in paths), None)
+            model = paths.get(chief) if chief is not None else next(iter(paths.values()), None)
+            state = {"cluster_id": self.cluster_id, "roles": self.roles, "nodes": self.nodes,
+                     "per_node": summary[0] if summary else {}, "rows_fed": self.feeds.rows_total}
+            tracker.finish(self.lifecycle.phase is not Phase.FAILED, state, table, self.timeline_path, model)
 
 
 TFCluster.TFCluster = TFCluster  # TensorFlowOnSpark's module.class name: `TFCluster.TFCluster` after the rename

@@ -46,6 +46,8 @@ class NodeRegistry:
         self.abort_reason: str | None = None
         self.on_complete = on_complete  # nodes -> backend config, called once when every node registered
         self.backend_config: dict | None = None
+        self.on_history = None  # (node_index, [ctx.report entries]) -> None: the MLflow run's metrics
+        self.model_paths: dict[int, str] = {}  # ctx.log_model(path), by node
 
     # -- queries (callers hold ``cond`` where consistency matters)
     def node(self, i) -> NodeState:
@@ -190,6 +192,15 @@ class NodeRegistry:
             room = MAX_EVENTS_PER_NODE - len(n.events)
             if room > 0 and msg.events:
                 n.events.extend(msg.events[:room])
+            listener = self.on_history
+        if msg.history and listener is not None:
+            listener(msg.node_index, msg.history)
+        return M.Ack()
+
+    def on_log_model(self, msg: M.LogModel):
+        with self.cond:
+            self.node(msg.node_index)  # a known node
+            self.model_paths[msg.node_index] = msg.path
         return M.Ack()
 
     # -- liveness (monitor thread)

@@ -27,6 +27,7 @@ class ControlService:
             M.Heartbeat: registry.on_heartbeat,
             M.NodeExited: registry.on_node_exited,
             M.Report: registry.on_report,
+            M.LogModel: registry.on_log_model,
             M.AssignChunk: scheduler.on_assign,
             M.FeedTerminated: scheduler.on_terminated,
         }

@@ -87,8 +87,15 @@ class NodeContext:
 
     def report(self, **values) -> None:
         """Progress values (step, loss, examples_per_sec, ...) for the driver's progress bar and
-        ``cluster.metrics()``. Cheap to call every step: sent at most once per report_interval."""
-        self.reporter.report(values)
+        ``cluster.metrics()``, and the metric history of the MLflow run (``mlflow=True``; with its
+        ``step`` when given). Cheap to call every step: sent at most once per report_interval."""
+        self.reporter.record(values)
+
+    def log_model(self, path: str) -> None:
+        """Name the exported model (a SavedModel directory) that the driver logs with the MLflow
+        run at shutdown; ``path`` must be readable by the driver (shared storage)."""
+        self.reporter.flush()
+        self.reporter.driver.log_model(self.absolute_path(path))
 
     def trace(self, name: str, cat: str = "step", **args):
         """Context manager recording a span on the cluster timeline (``timeline=`` on reserve)."""

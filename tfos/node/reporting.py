@@ -20,6 +20,7 @@ from tfos.wire.clients import DriverClient
 logger = logging.getLogger(__name__)
 
 MAX_BUFFERED_EVENTS = 20000
+MAX_BUFFERED_HISTORY = 20000  # ctx.report() calls waiting to be sent (oldest dropped beyond)
 
 
 def _jsonable(v, depth: int = 0):
@@ -52,7 +53,9 @@ class Reporter:
         self._values: dict = {}
         self._dirty = False
         self._events: list = []
+        self._history: list = []
         self._dropped = 0
+        self._history_dropped = 0
         self._warned = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tfos-reporter", daemon=True)
@@ -63,6 +66,18 @@ class Reporter:
             self._values.update({k: _jsonable(v) for k, v in values.items()})
             self._values["time"] = time.time()
             self._dirty = True
+
+    def record(self, values: dict) -> None:
+        """A ``ctx.report()`` call: the latest values, plus one entry of the run's metric history
+        (the driver logs it to MLflow with its step)."""
+        entry = {k: _jsonable(v) for k, v in values.items()}
+        entry["t"] = time.time()
+        with self._lock:
+            if len(self._history) >= MAX_BUFFERED_HISTORY:
+                self._history.pop(0)
+                self._history_dropped += 1
+            self._history.append(entry)
+        self.report(values)
 
     def event(self, name: str, cat: str, start: float, end: float, args: dict | None = None) -> None:
         """Record one complete event; ``start``/``end`` are time.time() seconds."""
@@ -87,12 +102,12 @@ class Reporter:
 
     def flush(self) -> None:
         with self._lock:
-            if not self._dirty and not self._events:
+            if not self._dirty and not self._events and not self._history:
                 return
-            values, events = dict(self._values), self._events
-            self._events, self._dirty = [], False
+            values, events, history = dict(self._values), self._events, self._history
+            self._events, self._history, self._dirty = [], [], False
         try:
-            self.driver.report(values, events)
+            self.driver.report(values, events, history)
         except (TFOSError, OSError) as e:
             logger.debug("progress report not delivered: %s", e)
         except Exception as e:  # reporting must never change how main_fun ends

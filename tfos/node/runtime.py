@@ -63,7 +63,9 @@ def run_node(cfg: M.NodeConfig) -> int:
         ctx.release_port()
     try:
         with ctx.trace("main_fun", "node"):
-            hooks.run(main_fun, args, ctx)
+            result = hooks.run(main_fun, args, ctx)
+        if isinstance(result, str) and result and ctx.is_chief:  # main_fun returned its export path
+            ctx.log_model(result)
     finally:
         reporter.close()
     if hub is not None:

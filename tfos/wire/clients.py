@@ -74,8 +74,11 @@ class DriverClient:
         return self._request(M.GetClusterSpec(self.cluster_id, self.node_index, timeout), timeout=timeout + 30.0,
                              setting="reservation_timeout")
 
-    def report(self, values: dict, events: list) -> None:
-        self._request(M.Report(self.cluster_id, self.node_index, values, events))
+    def report(self, values: dict, events: list, history: list | None = None) -> None:
+        self._request(M.Report(self.cluster_id, self.node_index, values, events, history or []))
+
+    def log_model(self, path: str) -> None:
+        self._request(M.LogModel(self.cluster_id, self.node_index, path))
 
     def feed_terminated(self, qname: str) -> None:
         self._request(M.FeedTerminated(self.cluster_id, self.node_index, qname))

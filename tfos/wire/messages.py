@@ -24,7 +24,7 @@ from typing import Any
 
 from tfos.errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 _MAX_INT = 2 ** 63
 
 _REGISTRY: dict[str, type] = {}
@@ -308,11 +308,19 @@ class FeedTerminated:  # TF process -> driver: main_fun called feed.terminate()
 
 
 @message
-class Report:  # TF process -> driver: progress values and timeline events
+class Report:  # TF process -> driver: progress values, timeline events, ctx.report history
     cluster_id: str
     node_index: int
     values: dict[str, Any]
     events: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # each ctx.report() call: {"t": ..., values}
+
+
+@message
+class LogModel:  # TF process -> driver: ctx.log_model(path), the model to log with the run
+    cluster_id: str
+    node_index: int
+    path: str
 
 
 @message

@@ -195,3 +195,29 @@ def test_connect_timeout_names_the_setting():
     s.close()
     with pytest.raises(TFOSTimeoutError, match="raise feed_timeout"):
         C.Channel.connect("127.0.0.1", port, C.new_secret(), timeout=0.5, setting="feed_timeout")
+
+
+def test_get_node_failure_answers_with_the_nodes_error_or_nothing():
+    """An inference task that lost its node asks the driver why; the wait is bounded."""
+    import threading
+    import time
+
+    from tfos.driver.registry import NodeRegistry
+    from tfos.errors import NodeFailure
+
+    reg = NodeRegistry("c", [("worker", 0), ("worker", 1)])
+    t0 = time.monotonic()
+    assert reg.on_get_node_failure(M.GetNodeFailure("c", 1, 0.2)).text == ""
+    assert time.monotonic() - t0 < 2
+
+    def later():
+        time.sleep(0.3)
+        with reg.cond:
+            reg.fail(NodeFailure(1, "worker", 1, "h", "TF process exited with code -9 (killed by signal 9)"))
+            reg.cond.notify_all()
+
+    threading.Thread(target=later).start()
+    text = reg.on_get_node_failure(M.GetNodeFailure("c", 1, 5)).text
+    assert "node 1 (worker:1 on h)" in text and "killed by signal 9" in text
+    with pytest.raises(ProtocolError):
+        reg.on_get_node_failure(M.GetNodeFailure("c", 7, 0))

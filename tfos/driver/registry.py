@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tfos.errors import NodeFailure, ProtocolError
+from tfos.errors import NodeFailure, ProtocolError, format_failures
 from tfos.wire import messages as M
 
 logger = logging.getLogger(__name__)
@@ -196,6 +196,15 @@ class NodeRegistry:
         if msg.history and listener is not None:
             listener(msg.node_index, msg.history)
         return M.Ack()
+
+    def on_get_node_failure(self, msg: M.GetNodeFailure):
+        """A feeding task lost its node: the node's failure, once the driver knows it (bounded wait)."""
+        wait = min(max(float(msg.wait), 0.0), 10.0)
+        with self.cond:
+            self.node(msg.node_index)
+            self.cond.wait_for(lambda: any(f.node_index == msg.node_index for f in self.failures), timeout=wait)
+            found = [f for f in self.failures if f.node_index == msg.node_index]
+        return M.NodeFailureReply(format_failures(found)[-6000:] if found else "")
 
     def on_log_model(self, msg: M.LogModel):
         with self.cond:

@@ -214,6 +214,16 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
     return feed_rows
 
 
+def _node_failure(cfg: M.FeedConfig, node: int) -> str:
+    """The node's own error from the driver (the agent reports it within seconds), for the task's
+    error: a streaming query or an inference action then stops with it."""
+    try:
+        text = DriverClient.for_feed(cfg).node_failure(node, wait=8.0)
+    except (TFOSError, OSError) as e:
+        return f"The driver could not say why ({e})."
+    return ("The node's failure: " + text) if text else "Its TF process may have died; the driver reports its log."
+
+
 def _infer(cfg: M.FeedConfig, partition: int, chunks):
     """Stream one partition to its node and yield the result batches, in input order."""
     _guard_retry(f"inference on partition {partition}")
@@ -246,10 +256,10 @@ def _infer(cfg: M.FeedConfig, partition: int, chunks):
                                        "batch_results)") from None
             except (OSError, ProtocolError) as e:
                 t.join(5)
-                if errors:
+                if errors and not isinstance(errors[0], (OSError, ProtocolError)):
                     raise errors[0]
-                raise FeedError(f"node {node} dropped inference of partition {partition}: {e} (its TF process "
-                                "may have died; the driver reports its log)") from None
+                raise FeedError(f"node {node} dropped inference of partition {partition}: {e}. "
+                                + _node_failure(cfg, node)) from None
             if isinstance(reply, M.FeedAck):
                 break
             if not isinstance(reply, tuple):

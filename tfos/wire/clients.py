@@ -80,6 +80,12 @@ class DriverClient:
     def log_model(self, path: str) -> None:
         self._request(M.LogModel(self.cluster_id, self.node_index, path))
 
+    def node_failure(self, node_index: int, wait: float) -> str:
+        """The driver's account of ``node_index``'s failure (it waits up to ``wait`` s, at most
+        10), or "" when it knows of none."""
+        wait = min(max(wait, 0.0), 10.0)
+        return self._request(M.GetNodeFailure(self.cluster_id, node_index, wait), timeout=wait + 10.0).text
+
     def feed_terminated(self, qname: str) -> None:
         self._request(M.FeedTerminated(self.cluster_id, self.node_index, qname))
 

@@ -301,6 +301,18 @@ class AssignChunk:
 
 
 @message
+class GetNodeFailure:  # feeding task -> driver: why did this node drop my feed? (waits up to ``wait`` s)
+    cluster_id: str
+    node_index: int
+    wait: float
+
+
+@message
+class NodeFailureReply:
+    text: str  # the node's failure as the driver reports it, "" if none is known
+
+
+@message
 class FeedTerminated:  # TF process -> driver: main_fun called feed.terminate()
     cluster_id: str
     node_index: int

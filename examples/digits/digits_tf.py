@@ -90,11 +90,17 @@ def main_fun(args, ctx):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=next(it)), axis=None)
 
     it = iter(dist_ds)
+    steps = 0
     for epoch in range(args.epochs):
         total = 0.0
         for _ in range(steps_per_epoch):
-            total += float(train_step(it))
+            loss = float(train_step(it))
+            total += loss
+            steps += 1
+            if steps % 10 == 0:
+                ctx.report(step=steps, loss=loss, epoch=epoch + 1)  # the driver's progress line
         print(f"rank {ctx.rank} epoch {epoch}: loss {total / steps_per_epoch:.4f}", flush=True)
+    ctx.report(step=steps, loss=total / steps_per_epoch)
 
     out_dir = ctx.absolute_path(args.output_dir).replace("file://", "")
     os.makedirs(out_dir, exist_ok=True)

@@ -159,6 +159,7 @@ class TFCluster:
         if (mlflow or mlflow_run is not None) and importlib.util.find_spec("mlflow") is None:
             raise ConfigError("mlflow=True / mlflow_run= need the mlflow package on the driver: pip install "
                               "tfos[mlflow] (or mlflow), or leave them out")
+        _quiet_py4j()
         if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
             logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
                            "nodes; disable dynamic allocation for tfos jobs")
@@ -557,6 +558,15 @@ class TFCluster:
 
 
 TFCluster.TFCluster = TFCluster  # TensorFlowOnSpark's module.class name: `TFCluster.TFCluster` after the rename
+
+
+def _quiet_py4j() -> None:
+    """py4j logs every gateway connection at INFO ("Closing down clientserver connection"): keep that
+    out of a console that shows INFO, unless the user set py4j's level themselves."""
+    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.WARNING)
 
 
 def _short(e: BaseException) -> str:

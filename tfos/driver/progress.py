@@ -48,6 +48,18 @@ def chrome_trace(roles, hosts: dict, node_events: dict, driver_events: list) -> 
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def _quiet_spark_console_progress(sc) -> None:
+    """Stop Spark's console progress bar ("[Stage 0:> (0 + 2) / 2]"), which would redraw over the
+    tfos line for as long as the cluster's barrier stage runs. It stays off for this SparkContext."""
+    try:
+        bar = sc._jsc.sc().progressBar()
+        if bar.isDefined():
+            bar.get().stop()
+            logger.info("Spark's console progress bar is off for this session: tfos shows its own")
+    except Exception as e:  # classic SparkContext internals; nothing to do elsewhere
+        logger.debug("could not stop Spark's console progress bar: %s", e)
+
+
 class ProgressMonitor:
     """Shows a tqdm bar (console or notebook) with the slowest rank's step, mean loss and total
     examples/s, refreshed from the nodes' reports."""
@@ -69,18 +81,22 @@ class ProgressMonitor:
     def _update(self) -> None:
         metrics = self.cluster.metrics()
         trainers = self._trainers()
-        steps = [metrics[i].get("step") for i in trainers if metrics.get(i, {}).get("step") is not None]
+        steps = [metrics[i].get("step") for i in trainers if isinstance(metrics.get(i, {}).get("step"), (int, float))]
         rows = sum(int(metrics[i].get("rows_read", 0)) for i in metrics)
         if not steps and not rows:
             return
+        unit = "step" if steps else "row"  # steps only when a node reports them; rows/s while feeding
         if self._bar is None:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(desc=f"tfos {self.cluster.cluster_id}", unit="step", dynamic_ncols=True,
-                             leave=True)
-        step = min(steps) if steps else 0
-        if step > self._bar.n:
-            self._bar.update(step - self._bar.n)
+            self._bar = tqdm(desc=f"tfos {self.cluster.cluster_id}", unit=unit, dynamic_ncols=True, leave=True)
+            _quiet_spark_console_progress(self.cluster.sc)
+        elif self._bar.unit != unit:  # steps began after a feed: the same line counts steps from now on
+            self._bar.reset()
+            self._bar.unit = unit
+        count = int(min(steps)) if steps else rows
+        if count > self._bar.n:
+            self._bar.update(count - self._bar.n)
         losses = [metrics[i]["loss"] for i in trainers if isinstance(metrics.get(i, {}).get("loss"), (int, float))]
         eps = sum(metrics[i].get("examples_per_sec", 0) or 0 for i in trainers)
         post = {}
@@ -88,7 +104,7 @@ class ProgressMonitor:
             post["loss"] = f"{sum(losses) / len(losses):.4f}"
         if eps:
             post["ex/s"] = f"{eps:.0f}"
-        if rows:
+        if rows and steps:
             post["rows fed"] = rows
         self._bar.set_postfix(post, refresh=True)
 

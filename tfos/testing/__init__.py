@@ -25,6 +25,37 @@ def gpu_discovery_script(addresses, directory: str | None = None) -> str:
     return path
 
 
+QUIET_LOG4J = """\
+# Spark's driver logs only errors on the console (tfos.testing sessions: examples and tests)
+rootLogger.level = error
+rootLogger.appenderRef.console.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def quiet_log4j_config() -> str:
+    """A log4j2 configuration (in this user's private directory) that keeps the embedded cluster's
+    INFO/WARN lines ("Using Spark's default log4j profile", "Your hostname resolves to a loopback
+    address") off the console."""
+    from tfos.host import private
+
+    path = os.path.join(private.private_dir("spark"), "log4j2-quiet.properties")
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), encoding="utf-8") as f:
+            if f.read() == QUIET_LOG4J:
+                return path
+    except OSError:
+        pass
+    tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}"
+    private.write_private_file(tmp, QUIET_LOG4J.encode())
+    os.replace(tmp, path)
+    return path
+
+
 def local_cluster_session(num_executors: int = 2, cores: int = 1, memory_mb: int = 1024,
                           fake_gpus_per_executor: int = 0, app_name: str = "tfos", conf: dict | None = None,
                           wait_secs: float = 120.0):
@@ -40,6 +71,7 @@ def local_cluster_session(num_executors: int = 2, cores: int = 1, memory_mb: int
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     b = (SparkSession.builder.master(f"local-cluster[{num_executors},{cores},{memory_mb}]").appName(app_name)
+         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_log4j_config()}")
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.pyspark.python", sys.executable)

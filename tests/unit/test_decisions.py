@@ -11,7 +11,7 @@ import pytest
 from tfos import topology as T
 from tfos.agent import gpus as G
 from tfos.agent.supervisor import tf_process_command
-from tfos.driver.cluster import _seconds, validate_reserve
+from tfos.driver.settings import seconds as _seconds, validate_reserve
 from tfos.driver.feed_scheduler import pick_node
 from tfos.driver.lifecycle import Lifecycle, Phase, allowed
 from tfos.errors import ClusterStateError, ConfigError, TFOSError

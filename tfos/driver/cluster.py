@@ -3,14 +3,19 @@
 Runs in the Spark driver. ``TFCluster`` composes the parts of the driver: the lifecycle
 (``lifecycle``), the node registry and feed scheduler behind the control service
 (``registry``, ``feed_scheduler``, ``service``), the feeding jobs (``feeding``), and the
-progress bar, timeline and TensorBoard (``progress``, ``tensorboard``).
+progress bar, timeline and TensorBoard (``progress``, ``tensorboard``), the MLflow run
+(``tracking``) and the checks of reserve()'s arguments (``settings``).
+
+It stays one module of a little over 500 lines because it is the facade: most of its length is
+the public methods' signatures and docstrings (reserve, run, run_script, start, train, inference,
+shutdown); the work behind them lives in the modules above.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -24,8 +29,10 @@ from tfos.driver import spark as S
 from tfos.driver.feed_scheduler import FeedScheduler
 from tfos.driver.feeding import FeedJobs
 from tfos.driver.lifecycle import Lifecycle, Phase
+from tfos.driver.progress import quiet_py4j
 from tfos.driver.registry import NodeRegistry
 from tfos.driver.service import ControlService
+from tfos.driver.settings import seconds as _seconds, validate_reserve
 from tfos.errors import (ClusterStateError, ConfigError, FeedError, NodeFailedError, ReservationTimeoutError,
                          TFOSError, TFOSTimeoutError, remote_error)
 from tfos.executor.bootstrap import make_bootstrap, node_dir_hint
@@ -34,38 +41,6 @@ from tfos.wire import messages as M
 from tfos.wire.channel import new_secret
 
 logger = logging.getLogger(__name__)
-
-
-def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout, input_mode,
-                     num_gpus) -> None:
-    """Pure: reject bad arguments before any Spark job starts. Messages say what to change."""
-    if not isinstance(num_executors, int) or isinstance(num_executors, bool) or num_executors < 1:
-        raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")
-    if not isinstance(num_ps, int) or isinstance(num_ps, bool) or num_ps < 0:
-        raise ConfigError(f"num_ps must be an int >= 0, got {num_ps!r}")
-    if num_executors - num_ps - (1 if eval_node else 0) < 1:
-        raise ConfigError(
-            f"num_executors={num_executors} leaves no node to train after {num_ps} ps node(s)"
-            f"{' and 1 evaluator' if eval_node else ''}; raise num_executors or lower num_ps")
-    if master_node is not None and master_node not in topology.CHIEF_JOBS:
-        raise ConfigError(f"master_node must be 'chief', 'master' or None, got {master_node!r}")
-    if not (isinstance(reservation_timeout, (int, float)) and reservation_timeout > 0):
-        raise ConfigError(f"reservation_timeout must be a positive number of seconds, got {reservation_timeout!r}")
-    try:
-        InputMode(input_mode)
-    except ValueError:
-        raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
-    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 0:
-        raise ConfigError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
-
-
-def _seconds(name: str, value, allow_zero: bool = False) -> float:
-    """Pure: a duration setting as float seconds, or ConfigError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number of seconds, "
-                          f"got {value!r}")
-    return float(value)
-
 
 class TFCluster:
     """A TensorFlow cluster running on Spark executors.
@@ -159,7 +134,7 @@ class TFCluster:
         if (mlflow or mlflow_run is not None) and importlib.util.find_spec("mlflow") is None:
             raise ConfigError("mlflow=True / mlflow_run= need the mlflow package on the driver: pip install "
                               "tfos[mlflow] (or mlflow), or leave them out")
-        _quiet_py4j()
+        quiet_py4j()
         if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
             logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
                            "nodes; disable dynamic allocation for tfos jobs")
@@ -327,20 +302,10 @@ class TFCluster:
         return dict(config, driver_host=self.driver_host, log_dir=self.config.log_dir)
 
     def _open_tracker(self, run, experiment, params: dict) -> None:
-        from tfos.driver.tracking import MlflowTracker, flatten_params
+        from tfos.driver.tracking import attach
 
-        trainers = [i for i, (job, idx) in enumerate(self.roles)
-                    if topology.training_rank(job, idx, self.roles) is not None]
-        self._tracker = MlflowTracker(run, experiment, run_name=f"tfos-{self.cluster_id}", training_ranks=len(trainers))
+        self._tracker = attach(self.registry, self.roles, self.cluster_id, run, experiment, params)
         self._mlflow_run_id = self._tracker.run_id
-        self._tracker.log_params(dict(flatten_params(params), cluster_id=self.cluster_id))
-
-        def on_history(node_index: int, entries: list) -> None:
-            job, idx = self.roles[node_index]
-            rank = topology.training_rank(job, idx, self.roles)
-            self._tracker.add(node_index, f"rank{rank}" if rank is not None else f"{job}{idx}", rank, entries)
-
-        self.registry.on_history = on_history
 
     @property
     def mlflow_run_id(self) -> str | None:
@@ -536,37 +501,14 @@ class TFCluster:
             self._progress.close()
             self._progress = None
         summary = self.registry.summary()
-        table = ""
-        if summary is not None:
-            nodes_state, events, hosts = summary
-            table = prog.rank_table(self.roles, nodes_state, self.feeds.rows_total)
-            logger.info("tfos cluster %s per-rank summary:\n%s", self.cluster_id, table)
-            if self._timeline_request:
-                self.timeline_path = prog.write_timeline(
-                    self._timeline_request, prog.chrome_trace(self.roles, hosts, events, self.feeds.events))
-                logger.info("tfos cluster timeline written to %s (open in chrome://tracing or Perfetto)",
-                            self.timeline_path)
+        table, self.timeline_path = prog.end_of_run(self.cluster_id, self.roles, summary, self.feeds.rows_total,
+                                                    self.feeds.events, self._timeline_request)
         tracker, self._tracker = self._tracker, None
         if tracker is not None:
-            self.registry.on_history = None
-            paths = self.registry.model_paths
-            chief = next((i for i, (job, _) in enumerate(self.roles) if job in ("chief", "master") and i in paths), None)
-            model = paths.get(chief) if chief is not None else next(iter(paths.values()), None)
-            state = {"cluster_id": self.cluster_id, "roles": self.roles, "nodes": self.nodes,
-                     "per_node": summary[0] if summary else {}, "rows_fed": self.feeds.rows_total}
-            tracker.finish(self.lifecycle.phase is not Phase.FAILED, state, table, self.timeline_path, model)
+            tracker.close_run(self, summary, table)
 
 
 TFCluster.TFCluster = TFCluster  # TensorFlowOnSpark's module.class name: `TFCluster.TFCluster` after the rename
-
-
-def _quiet_py4j() -> None:
-    """py4j logs every gateway connection at INFO ("Closing down clientserver connection"): keep that
-    out of a console that shows INFO, unless the user set py4j's level themselves."""
-    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
-        lg = logging.getLogger(name)
-        if lg.level == logging.NOTSET:
-            lg.setLevel(logging.WARNING)
 
 
 def _short(e: BaseException) -> str:

@@ -48,6 +48,15 @@ def chrome_trace(roles, hosts: dict, node_events: dict, driver_events: list) -> 
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def quiet_py4j() -> None:
+    """py4j logs every gateway connection at INFO ("Closing down clientserver connection"): keep that
+    out of a console that shows INFO, unless the user set py4j's level themselves."""
+    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.WARNING)
+
+
 def _quiet_spark_console_progress(sc) -> None:
     """Stop Spark's console progress bar ("[Stage 0:> (0 + 2) / 2]"), which would redraw over the
     tfos line for as long as the cluster's barrier stage runs. It stays off for this SparkContext."""
@@ -125,6 +134,21 @@ class ProgressMonitor:
             pass
         if self._bar is not None:
             self._bar.close()
+
+
+def end_of_run(cluster_id: str, roles, summary, rows_total: dict, driver_events: list, timeline_request):
+    """Log the per-rank table and write the merged timeline (if asked); returns ``(table, timeline
+    path or None)``. ``summary`` is the registry's ``(state, events, hosts)``, None if no node started."""
+    if summary is None:
+        return "", None
+    nodes_state, events, hosts = summary
+    table = rank_table(roles, nodes_state, rows_total)
+    logger.info("tfos cluster %s per-rank summary:\n%s", cluster_id, table)
+    if not timeline_request:
+        return table, None
+    path = write_timeline(timeline_request, chrome_trace(roles, hosts, events, driver_events))
+    logger.info("tfos cluster timeline written to %s (open in chrome://tracing or Perfetto)", path)
+    return table, path
 
 
 def write_timeline(path: str, trace: dict) -> str:

@@ -81,6 +81,32 @@ def args_params(args) -> dict[str, str]:
     return {"args": str(args)[:500]}
 
 
+def chosen_model(roles, paths: dict) -> str | None:
+    """Pure: the model to log: the chief's (or master's) ``ctx.log_model`` path, else any node's."""
+    for i, (job, _) in enumerate(roles):
+        if job in ("chief", "master") and i in paths:
+            return paths[i]
+    return next(iter(paths.values()), None)
+
+
+def attach(registry, roles, cluster_id: str, run, experiment, params: dict) -> "MlflowTracker":
+    """Open the cluster's run, log the reserve arguments and route the nodes' report history to it."""
+    from tfos.topology import training_rank
+
+    ranks = [training_rank(job, idx, roles) for job, idx in roles]
+    tracker = MlflowTracker(run, experiment, run_name=f"tfos-{cluster_id}",
+                            training_ranks=sum(r is not None for r in ranks))
+    tracker.log_params(dict(flatten_params(params), cluster_id=cluster_id))
+
+    def on_history(node_index: int, entries: list) -> None:
+        job, idx = roles[node_index]
+        rank = ranks[node_index]
+        tracker.add(node_index, f"rank{rank}" if rank is not None else f"{job}{idx}", rank, entries)
+
+    registry.on_history = on_history
+    return tracker
+
+
 class _Averager:
     """Means across training ranks of a metric at one step, once every rank reported it."""
 
@@ -172,6 +198,16 @@ class MlflowTracker:
                 self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
         except Exception as e:  # noqa: BLE001
             self._warn("log metrics", e)
+
+    def close_run(self, cluster, summary, table: str) -> None:
+        """End of the cluster: detach from its registry and finish the run with its summary."""
+        from tfos.driver.lifecycle import Phase
+
+        cluster.registry.on_history = None
+        state = {"cluster_id": cluster.cluster_id, "roles": cluster.roles, "nodes": cluster.nodes,
+                 "per_node": summary[0] if summary else {}, "rows_fed": cluster.feeds.rows_total}
+        self.finish(cluster.lifecycle.phase is not Phase.FAILED, state, table, cluster.timeline_path,
+                    chosen_model(cluster.roles, cluster.registry.model_paths))
 
     def finish(self, ok: bool, summary: dict | None, rank_table: str, timeline_path: str | None,
                model_path: str | None) -> None:

@@ -1,0 +1,42 @@
+"""The checks of ``TFCluster.reserve()``'s arguments (driver; pure, tested from tables).
+
+Every bad argument is refused here, before any Spark job starts, with a message saying what to
+change.
+"""
+
+from __future__ import annotations
+
+from tfos import topology
+from tfos.errors import ConfigError
+from tfos.topology import InputMode
+
+
+def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout, input_mode,
+                     num_gpus) -> None:
+    """Pure: reject bad arguments before any Spark job starts. Messages say what to change."""
+    if not isinstance(num_executors, int) or isinstance(num_executors, bool) or num_executors < 1:
+        raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")
+    if not isinstance(num_ps, int) or isinstance(num_ps, bool) or num_ps < 0:
+        raise ConfigError(f"num_ps must be an int >= 0, got {num_ps!r}")
+    if num_executors - num_ps - (1 if eval_node else 0) < 1:
+        raise ConfigError(
+            f"num_executors={num_executors} leaves no node to train after {num_ps} ps node(s)"
+            f"{' and 1 evaluator' if eval_node else ''}; raise num_executors or lower num_ps")
+    if master_node is not None and master_node not in topology.CHIEF_JOBS:
+        raise ConfigError(f"master_node must be 'chief', 'master' or None, got {master_node!r}")
+    if not (isinstance(reservation_timeout, (int, float)) and reservation_timeout > 0):
+        raise ConfigError(f"reservation_timeout must be a positive number of seconds, got {reservation_timeout!r}")
+    try:
+        InputMode(input_mode)
+    except ValueError:
+        raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 0:
+        raise ConfigError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
+
+
+def seconds(name: str, value, allow_zero: bool = False) -> float:
+    """Pure: a duration setting as float seconds, or ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number of seconds, "
+                          f"got {value!r}")
+    return float(value)

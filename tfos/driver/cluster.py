@@ -157,7 +157,8 @@ class TFCluster:
             heartbeat_interval=_seconds("heartbeat_interval", heartbeat_interval),
             heartbeat_timeout=_seconds("heartbeat_timeout", heartbeat_timeout),
             stop_grace_secs=_seconds("stop_grace_secs", stop_grace_secs, allow_zero=True),
-            timeline=bool(timeline), report_interval=_seconds("report_interval", report_interval))
+            timeline=bool(timeline), report_interval=_seconds("report_interval", report_interval),
+            metric_history=bool(mlflow or mlflow_run is not None))
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         cluster = cls(sc, roles, backend_obj, config, default_mode, timeline, progress, address)
         if mlflow or mlflow_run is not None:

@@ -45,10 +45,11 @@ def _jsonable(v, depth: int = 0):
 
 
 class Reporter:
-    def __init__(self, driver: DriverClient, interval: float = 1.0, timeline: bool = False):
+    def __init__(self, driver: DriverClient, interval: float = 1.0, timeline: bool = False, history: bool = False):
         self.driver = driver
         self.interval = interval
         self.timeline = timeline
+        self.history = history  # keep every ctx.report() call, only when the driver logs them (MLflow)
         self._lock = threading.Lock()
         self._values: dict = {}
         self._dirty = False
@@ -69,7 +70,10 @@ class Reporter:
 
     def record(self, values: dict) -> None:
         """A ``ctx.report()`` call: the latest values, plus one entry of the run's metric history
-        (the driver logs it to MLflow with its step)."""
+        (the driver logs it to MLflow with its step), when the cluster keeps one."""
+        if not self.history:
+            self.report(values)
+            return
         entry = {k: _jsonable(v) for k, v in values.items()}
         entry["t"] = time.time()
         with self._lock:

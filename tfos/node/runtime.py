@@ -50,7 +50,7 @@ def run_node(cfg: M.NodeConfig) -> int:
     driver.register(info)
     reply = driver.cluster_spec(c.reservation_timeout)
     main_fun, args, hooks = load_function_file(cfg.fn_path)
-    reporter = Reporter(driver, c.report_interval, c.timeline)
+    reporter = Reporter(driver, c.report_interval, c.timeline, c.metric_history)
     ctx = NodeContext(cfg, reply.nodes, held, hub, hooks, reporter)
     if hub is not None:
         hub.reporter = reporter

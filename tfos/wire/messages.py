@@ -185,6 +185,7 @@ class ClusterConfig:
     stop_grace_secs: float = 5.0
     timeline: bool = False
     report_interval: float = 1.0
+    metric_history: bool = False  # ship every ctx.report() call (the MLflow run logs them), not just the latest
     feed_queue_chunks: int = 4
 
 

@@ -19,9 +19,9 @@ import logging
 import os
 import weakref
 
-from tfos.data.example import Example, _serialize_example, decode_example
+from tfos.data.example import Example, decode_example
 from tfos.data.sharding import list_files
-from tfos.data.spark_io import load_tfrecords, save_as_tfrecords
+from tfos.data.spark_io import _encode_row, load_tfrecords, save_as_tfrecords
 from tfos.data.tfrecord import _iter_file_records
 from tfos.errors import ConfigError
 from tfos.node.paths import absolute_path
@@ -100,19 +100,16 @@ def infer_schema(example, binary_features=()):
     return StructType([StructField(k, sql_type(k, features[k]), True) for k in sorted(features)])
 
 
-def _feature(name: str, dtype: str, value):
-    if dtype in _FLOAT:
-        return name, "float", [value]
-    if dtype in _INT64:
-        return name, "int64", [int(value)]
-    if dtype == "binary":
-        return name, "bytes", [bytes(value)]
-    if dtype == "string":
-        return name, "bytes", [str(value).encode("utf-8")]
-    if dtype.startswith("array<") and dtype[6:-1] in _FLOAT:
-        return name, "float", list(value)
-    if dtype.startswith("array<") and dtype[6:-1] in _INT64:
-        return name, "int64", [int(v) for v in value]
+def _plan_entry(name: str, dtype: str) -> tuple[str, str, str]:
+    """Pure: ``(name, kind, mode)`` of :func:`tfos.data.spark_io._encode_row` for a ``df.dtypes``
+    entry (TensorFlowOnSpark's API takes dtype strings, which need no Spark session to read)."""
+    element, mode = (dtype[6:-1], "list") if dtype.startswith("array<") else (dtype, "scalar")
+    if element in _FLOAT:
+        return name, "float", mode
+    if element in _INT64:
+        return name, "int64", mode
+    if element in _BYTES and mode == "scalar":
+        return name, "bytes", mode
     raise ConfigError(f"column {name!r}: dtype {dtype} has no tf.train.Example feature; cast it to a number, "
                       "string, binary or an array of numbers")
 
@@ -120,13 +117,11 @@ def _feature(name: str, dtype: str, value):
 def toTFExample(dtypes):  # noqa: N802
     """A mapPartitions function: Rows of a DataFrame with ``dtypes`` (``df.dtypes``) ->
     ``(bytearray(serialized tf.train.Example), None)`` pairs, as Hadoop's TFRecord output format
-    takes them."""
-    dtypes = list(dtypes)
-    for name, dtype in dtypes:  # fail on the driver, before the job starts
-        _feature(name, dtype, 0 if dtype in _FLOAT + _INT64 else (b"" if dtype == "binary" else []))
+    takes them. Rows are encoded as :func:`saveAsTFRecords` encodes them (nulls leave the feature out)."""
+    plan = [_plan_entry(name, dtype) for name, dtype in dtypes]  # fails on the driver, before the job starts
 
     def to_examples(rows):
-        return [(bytearray(_serialize_example(_feature(n, d, row[n]) for n, d in dtypes)), None) for row in rows]
+        return [(bytearray(_encode_row([row[n] for n, _, _ in plan], plan)), None) for row in rows]
     return to_examples
 
 

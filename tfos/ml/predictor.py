@@ -53,11 +53,16 @@ def clear_model_cache() -> None:
         _PREDICTORS.clear()
 
 
+def _local(path: str) -> str:
+    """A file:// URI as the local path TensorFlow reads; other paths and URIs as they are."""
+    parsed = urlparse(path)
+    return parsed.path if parsed.scheme == "file" else path
+
+
 def _load_predictor(path: str, signature: str):
     import tensorflow as tf
 
-    parsed = urlparse(path)
-    local = parsed.path if parsed.scheme == "file" else path
+    local = _local(path)
     if local.lower().endswith((".keras", ".h5", ".hdf5")):
         if not tf.io.gfile.exists(local):
             raise ConfigError(f"modelPath {path!r} does not exist on this executor: save the model where every "
@@ -202,8 +207,7 @@ def get_signature(path: str, signature: str, tags=None):
         if key not in _PREDICTORS:
             import tensorflow as tf
 
-            parsed = urlparse(path)
-            local = parsed.path if parsed.scheme == "file" else path
+            local = _local(path)
             if not tf.io.gfile.exists(os.path.join(local, "saved_model.pb")):
                 raise ConfigError(f"export_dir {path!r} is not a SavedModel directory (no saved_model.pb) readable "
                                   "by this executor")

@@ -8,37 +8,27 @@ set -euo pipefail
 TFOS_EXTRAS="tf,spark,test"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
-set +e
-python -m pytest "$@"
-code=$?
-set -e
-if [ "$code" -eq 5 ]; then
-  echo "pytest collected no tests: failing on purpose" >&2
-  exit 1
-fi
-[ "$code" -eq 0 ] || exit "$code"
-if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_MULTIHOST:-0}" != "1" ]; then
-  echo "== multi-host tests (Spark standalone, one network namespace per host)"
+# Run one pytest session; pytest's exit code 5 (no test collected) fails on purpose.
+run_pytest() {
+  local what="$1"
+  shift
   set +e
-  python -m pytest --multihost
-  code=$?
+  "$@"
+  local code=$?
   set -e
   if [ "$code" -eq 5 ]; then
-    echo "no multi-host test ran: failing on purpose" >&2
+    echo "no $what test ran (pytest collected none): failing on purpose" >&2
     exit 1
   fi
   [ "$code" -eq 0 ] || exit "$code"
+}
+run_pytest "main" python -m pytest "$@"
+if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_MULTIHOST:-0}" != "1" ]; then
+  echo "== multi-host tests (Spark standalone, one network namespace per host)"
+  run_pytest "multi-host" python -m pytest --multihost
 fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HOROVOD:-0}" != "1" ]; then
   echo "== Horovod tests (TF 2.15 + Horovod 0.28.1 environment)"
   HVD_VENV="$(bash scripts/horovod_env.sh | tail -1)"
-  set +e
-  "$HVD_VENV/bin/python" -m pytest -m horovod tests/e2e/test_horovod.py
-  code=$?
-  set -e
-  if [ "$code" -eq 5 ]; then
-    echo "no Horovod test ran: failing on purpose" >&2
-    exit 1
-  fi
-  exit "$code"
+  run_pytest "Horovod" "$HVD_VENV/bin/python" -m pytest -m horovod tests/e2e/test_horovod.py
 fi

@@ -232,3 +232,21 @@ def test_local_manager_results_go_through_the_wire_format():
     out = mgr.get_queue("output")
     results = [out.get_nowait() for _ in range(out.qsize())]
     assert results == [0.0, 1.0, 2.0] and {type(r) for r in results} == {float}  # mixed numpy types: Python
+
+
+def test_pickled_train_fn_is_loaded_only_from_files_only_this_user_can_write(tmp_path):
+    from tfos.ml.persistence import check_owned_by_me
+
+    d = tmp_path / "train_fn"
+    d.mkdir()
+    (d / "part-0.parquet").write_bytes(b"x")
+    os.chmod(d / "part-0.parquet", 0o644)
+    check_owned_by_me(str(d))
+    check_owned_by_me("hdfs://nn/x/train_fn")  # the store's permissions apply there
+    os.chmod(d / "part-0.parquet", 0o666)
+    with pytest.raises(ConfigError, match="writable by others"):
+        check_owned_by_me("file://" + str(d))
+    os.chmod(d / "part-0.parquet", 0o644)
+    os.symlink("/etc/hostname", d / "link")
+    with pytest.raises(ConfigError, match="a link"):
+        check_owned_by_me(str(d))

@@ -1,11 +1,16 @@
 """save / load of TFEstimator and TFModel (Spark ML metadata, plus the estimator's train_fn).
 
-Runs on the driver only.
+Runs on the driver only. Loading an estimator unpickles its train_fn, which is code: on a local
+filesystem the saved files must belong to this user and be writable by nobody else (no links),
+else load refuses them. On HDFS and other stores their permissions are the store's to enforce, as
+for any saved Spark ML pipeline with Python code.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+from urllib.parse import urlparse
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
@@ -73,6 +78,25 @@ class TFReader(MLReader):
         if (metadata.get("tfos") or {}).get("trainFn"):
             from pyspark import cloudpickle
 
+            check_owned_by_me(os.path.join(path, _TRAIN_FN_DIR))
             row = self.sparkSession.read.parquet(os.path.join(path, _TRAIN_FN_DIR)).first()
             instance.train_fn, instance.tf_args = cloudpickle.loads(bytes(row[0]))
         return instance
+
+
+def check_owned_by_me(path: str) -> None:
+    """ConfigError unless every entry under local ``path`` is this user's, not a link, and not
+    group/other writable (URIs of other filesystems are not checked here)."""
+    parsed = urlparse(path)
+    if parsed.scheme not in ("", "file"):
+        return
+    local = parsed.path if parsed.scheme else path
+    entries = [local]
+    for root, dirs, files in os.walk(local, followlinks=False):
+        entries += [os.path.join(root, n) for n in dirs + files]
+    for entry in entries:
+        st = os.lstat(entry)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise ConfigError(f"refusing to load the pickled train_fn: {entry} is a link, belongs to another user or "
+                              "is writable by others. Save the estimator again to a directory only you can "
+                              "write, or load it with saveTrainFn=false and setTrainFn(fn)")

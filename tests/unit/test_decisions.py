@@ -276,6 +276,65 @@ def test_control_address(conf, env, expected):
     assert a.ports == (a.port,)
 
 
+@pytest.mark.parametrize("conf,env,client,expected", [
+    # Spark Connect: the control service runs in the client, which is not the Spark driver
+    ({}, {}, "10.7.0.4", ("10.7.0.4", "0.0.0.0", "TFOS_SERVER_HOST", "TFOS_SERVER_HOST")),
+    ({}, {"TFOS_SERVER_HOST": "10.9.9.9"}, "10.7.0.4", ("10.9.9.9", "10.9.9.9", "TFOS_SERVER_HOST",
+                                                         "TFOS_SERVER_HOST/TFOS_SERVER_PORT")),
+    # behind NAT: listen on all interfaces, tell executors the forwarded address
+    ({}, {"TFOS_ADVERTISE_HOST": "203.0.113.5"}, "10.7.0.4", ("203.0.113.5", "0.0.0.0", "TFOS_ADVERTISE_HOST",
+                                                               "TFOS_SERVER_HOST")),
+    ({"spark.driver.host": "h", "spark.driver.bindAddress": "10.1.2.3"}, {"TFOS_ADVERTISE_HOST": "gw"}, None,
+     ("gw", "10.1.2.3", "TFOS_ADVERTISE_HOST", "spark.driver.bindAddress")),
+])
+def test_control_address_of_a_client_and_behind_nat(conf, env, client, expected):
+    from tfos.driver.spark import control_address
+
+    a = control_address(conf, env, default_advertise=client)
+    assert (a.advertise, a.bind, a.setting, a.bind_setting) == expected
+
+
+@pytest.mark.parametrize("xml,expected", [
+    ("<configuration><property><name>fs.defaultFS</name><value>hdfs://nn:8020</value></property></configuration>",
+     "hdfs://nn:8020"),
+    ("<configuration><property><name>fs.default.name</name><value> hdfs://old:9000 </value></property>"
+     "</configuration>", "hdfs://old:9000"),
+    ("<configuration><property><name>fs.default.name</name><value>hdfs://old</value></property><property>"
+     "<name>fs.defaultFS</name><value>viewfs://c</value></property></configuration>", "viewfs://c"),
+    ("<configuration><property><name>io.file.buffer.size</name><value>4096</value></property></configuration>",
+     None),
+    ("<configuration><property><name>fs.defaultFS</name>", None),  # not XML
+    ("", None),
+])
+def test_core_site_default_fs(xml, expected):
+    from tfos.data.fs import core_site_default_fs
+
+    assert core_site_default_fs(xml) == expected
+
+
+@pytest.mark.parametrize("environ,files,expected", [
+    ({}, {}, "file:///"),
+    ({"HADOOP_CONF_DIR": "/c"}, {"/c/core-site.xml": "hdfs://a"}, "hdfs://a"),
+    ({"HADOOP_CONF_DIR": "/c", "HADOOP_HOME": "/h"}, {"/h/etc/hadoop/core-site.xml": "hdfs://b"}, "hdfs://b"),
+    ({"HADOOP_CONF_DIR": "/c", "HADOOP_HOME": "/h"}, {"/c/core-site.xml": "hdfs://a",
+                                                       "/h/etc/hadoop/core-site.xml": "hdfs://b"}, "hdfs://a"),
+    ({"HADOOP_HOME": "/h"}, {"/h/etc/hadoop/core-site.xml": None}, "file:///"),  # sets no defaultFS
+])
+def test_hadoop_default_fs_as_a_connect_barrier_task_reads_it(environ, files, expected):
+    """Under Spark Connect the client cannot ask the driver JVM: each barrier task reads its host's
+    Hadoop configuration."""
+    from tfos.data.fs import hadoop_default_fs
+
+    def read(path):
+        if path not in files:
+            raise FileNotFoundError(path)
+        fs = files[path]
+        prop = f"<property><name>fs.defaultFS</name><value>{fs}</value></property>" if fs else ""
+        return f"<configuration>{prop}</configuration>"
+
+    assert hadoop_default_fs(environ, read) == expected
+
+
 @pytest.mark.parametrize("value,ports", [("9997-9999", (9997, 9998, 9999)), ("8888", (8888,)), ("0", (0,)),
                                          ("5000-5000", (5000,))])
 def test_control_address_port_range(value, ports):

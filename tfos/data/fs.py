@@ -205,3 +205,42 @@ def _connect_hadoop(uri: str):
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise HadoopConfigError(_hadoop_help(uri, f"pyarrow: {first}")) from e
     return fs
+
+
+def core_site_default_fs(xml_text: str) -> str | None:
+    """Pure: ``fs.defaultFS`` (or its old name ``fs.default.name``) from a core-site.xml text;
+    None if it sets neither or is not valid XML."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError:
+        return None
+    found = {}
+    for prop in root.iter("property"):
+        name, value = prop.findtext("name"), prop.findtext("value")
+        if name and value:
+            found[name.strip()] = value.strip()
+    return found.get("fs.defaultFS") or found.get("fs.default.name")
+
+
+def hadoop_default_fs(environ=os.environ, read=None) -> str:
+    """The Hadoop default filesystem as this host's Hadoop configuration gives it: core-site.xml in
+    ``$HADOOP_CONF_DIR``, then ``$HADOOP_HOME/etc/hadoop``; ``file:///`` without one. A Spark
+    Connect client cannot ask the driver JVM, so tfos's barrier tasks ask their executor host."""
+    def read_file(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read(1 << 20)
+
+    read = read or read_file
+    dirs = [environ.get("HADOOP_CONF_DIR")]
+    if environ.get("HADOOP_HOME"):
+        dirs.append(os.path.join(environ["HADOOP_HOME"], "etc", "hadoop"))
+    for d in filter(None, dirs):
+        try:
+            fs = core_site_default_fs(read(os.path.join(d, "core-site.xml")))
+        except OSError:
+            continue
+        if fs:
+            return fs
+    return "file:///"

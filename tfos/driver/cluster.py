@@ -51,9 +51,9 @@ class TFCluster:
 
     InputMode = InputMode
 
-    def __init__(self, sc, roles, backend, cluster: M.ClusterConfig, default_input_mode: InputMode,
+    def __init__(self, spark, roles, backend, cluster: M.ClusterConfig, default_input_mode: InputMode,
                  timeline_path: str | None, progress: bool, address: S.ControlAddress):
-        self.sc = sc
+        self.spark = S.spark_entry(spark)  # ClassicSpark or ConnectSpark
         self.roles = roles
         self.backend = backend
         self.cluster_id = cluster.cluster_id
@@ -64,7 +64,7 @@ class TFCluster:
         self.service = self._listen(cluster.secret, address)
         self.config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
-        self.feeds = FeedJobs(sc, self.registry, self.scheduler, self.config, self.raise_if_failed, self._abort)
+        self.feeds = FeedJobs(self.spark, self.registry, self.scheduler, self.config, self.raise_if_failed, self._abort)
         self.lifecycle = Lifecycle()
         self.input_mode: InputMode | None = None
         self._default_input_mode = default_input_mode
@@ -109,6 +109,9 @@ class TFCluster:
                 mlflow_run=None, mlflow_experiment: str | None = None) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
+        ``sc``: a SparkContext, a SparkSession, or a Spark Connect SparkSession (then the data
+        to feed must be DataFrames; the control service runs in this client, see docs/design.md).
+
         Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
         an evaluator if ``eval_node``, then workers. Fails with ReservationTimeoutError when
         Spark cannot offer enough slots within ``reservation_timeout`` seconds.
@@ -135,7 +138,8 @@ class TFCluster:
             raise ConfigError("mlflow=True / mlflow_run= need the mlflow package on the driver: pip install "
                               "tfos[mlflow] (or mlflow), or leave them out")
         quiet_py4j()
-        if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        spark = S.spark_entry(sc)
+        if (spark.conf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
             logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
                            "nodes; disable dynamic allocation for tfos jobs")
         from tfos.backends import make_backend
@@ -143,16 +147,16 @@ class TFCluster:
         backend_obj = make_backend(backend, transport, **(backend_options or {}))
         backend_obj.validate(num_executors, num_ps, master_node)
         roles = topology.assign_roles(num_executors, num_ps, master_node, eval_node)
-        slots = S.wait_for_slots(sc, num_executors, reservation_timeout)
-        logger.info("tfos: %d task slots available for %d nodes", slots, num_executors)
-        address = S.control_address(dict(sc.getConf().getAll()), os.environ)
-        S.check_advertised(address, sc.master)
+        slots = spark.wait_for_slots(num_executors, reservation_timeout)
+        if slots is not None:
+            logger.info("tfos: %d task slots available for %d nodes", slots, num_executors)
+        address = spark.control_address(os.environ)
         log_dir = log_dir or tempfile.mkdtemp(prefix="tfos-logs-")
         config = M.ClusterConfig(
             cluster_id=uuid.uuid4().hex[:12], secret=new_secret(),
             driver_host=address.advertise, driver_port=address.port,
             roles=tuple(roles), input_mode=int(InputMode.TENSORFLOW), reservation_timeout=float(reservation_timeout),
-            log_dir=log_dir, default_fs=S.default_fs(sc), num_gpus=num_gpus,
+            log_dir=log_dir, default_fs=spark.default_fs(), num_gpus=num_gpus,
             env={k: str(v) for k, v in (env or {}).items()}, release_port=bool(release_port),
             heartbeat_interval=_seconds("heartbeat_interval", heartbeat_interval),
             heartbeat_timeout=_seconds("heartbeat_timeout", heartbeat_timeout),
@@ -160,7 +164,7 @@ class TFCluster:
             timeline=bool(timeline), report_interval=_seconds("report_interval", report_interval),
             metric_history=bool(mlflow or mlflow_run is not None))
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
-        cluster = cls(sc, roles, backend_obj, config, default_mode, timeline, progress, address)
+        cluster = cls(spark, roles, backend_obj, config, default_mode, timeline, progress, address)
         if mlflow or mlflow_run is not None:
             cluster._open_tracker(mlflow_run, mlflow_experiment, {
                 "num_executors": num_executors, "num_ps": num_ps, "master_node": master_node, "eval_node": eval_node,
@@ -256,9 +260,8 @@ class TFCluster:
 
         try:
             self._reservation = S.SparkJob(
-                self.sc, f"tfos-{self.cluster_id}", f"tfos cluster {self.cluster_id}: {n} TF nodes",
-                lambda: self.sc.parallelize(range(n), n).barrier().mapPartitions(bootstrap).collect(),
-                on_done=reservation_ended)
+                self.spark, f"tfos-{self.cluster_id}", f"tfos cluster {self.cluster_id}: {n} TF nodes",
+                self.spark.barrier_stage(n, bootstrap), on_done=reservation_ended)
             self._monitor = threading.Thread(target=self._monitor_loop, name=f"tfos-monitor-{self.cluster_id}",
                                              daemon=True)
             self._monitor.start()
@@ -290,7 +293,7 @@ class TFCluster:
             if reg.failures:
                 return NodeFailedError(reg.failures)
             if reg.abort_reason:
-                return TFOSError(reg.abort_reason + _node_logs_hint(self.cluster_id))
+                return TFOSError(reg.abort_reason.rstrip(".") + "." + _node_logs_hint(self.cluster_id))
             if not reg.all_registered():
                 return ReservationTimeoutError(
                     f"nodes {reg.missing()} of {n} did not start within {timeout:.0f}s (reservation_timeout). Spark "

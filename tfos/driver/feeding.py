@@ -1,7 +1,7 @@
 """The driver side of InputMode.SPARK: the Spark jobs that feed data, the end of each feed, and
 the end of all feeds at shutdown (runs on the driver).
 
-:class:`FeedJobs` gets what it needs explicitly: the SparkContext, the node registry and feed
+:class:`FeedJobs` gets what it needs explicitly: the Spark entry point (``driver.spark``), the node registry and feed
 scheduler, the cluster configuration, and two callbacks of the cluster (``check_failed``
 raises the nodes' error if any node failed; ``abort`` fails the cluster).
 """
@@ -15,7 +15,7 @@ import uuid
 
 from tfos.driver.feed_scheduler import FeedScheduler
 from tfos.driver.registry import NodeRegistry
-from tfos.driver.spark import SparkJob
+from tfos.driver.spark import SparkJob, raise_no_rdd
 from tfos.errors import FeedError, TFOSError, remote_error
 from tfos.wire import messages as M
 from tfos.wire.clients import end_feed
@@ -28,9 +28,9 @@ def is_dataframe(data) -> bool:
 
 
 class FeedJobs:
-    def __init__(self, sc, registry: NodeRegistry, scheduler: FeedScheduler, cluster: M.ClusterConfig,
+    def __init__(self, spark, registry: NodeRegistry, scheduler: FeedScheduler, cluster: M.ClusterConfig,
                  check_failed, abort):
-        self.sc = sc
+        self.spark = spark  # driver.spark.ClassicSpark or ConnectSpark
         self.registry = registry
         self.scheduler = scheduler
         self.cluster = cluster
@@ -55,7 +55,7 @@ class FeedJobs:
             with reg.cond:
                 reg.cond.notify_all()
 
-        job = SparkJob(self.sc, f"tfos-feed-{uuid.uuid4().hex[:8]}", description, action, on_done=wake)
+        job = SparkJob(self.spark, f"tfos-feed-{uuid.uuid4().hex[:8]}", description, action, on_done=wake)
         with reg.cond:
             while not job.done.is_set() and not reg.failures:
                 reg.cond.wait(0.5)
@@ -75,6 +75,8 @@ class FeedJobs:
     def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None) -> int:
         from tfos.executor.feeding import make_train_feeder  # pyarrow: loaded when data is fed, not at import
 
+        if not is_dataframe(data) and self.spark.connect:
+            raise_no_rdd("train() with an RDD")
         cfg = self.feed_config(qname, feed_timeout, chunk_rows)
         if is_dataframe(data):
             feeder = make_train_feeder(cfg, arrow_input=True)
@@ -82,7 +84,7 @@ class FeedJobs:
             action = lambda: sum(r[0] for r in epochs.mapInArrow(feeder, "rows long").collect())  # noqa: E731
         else:
             feeder = make_train_feeder(cfg, arrow_input=False)
-            epochs = data if num_epochs == 1 else self.sc.union([data] * num_epochs)
+            epochs = self.spark.repeat(data, num_epochs)
             action = lambda: sum(epochs.mapPartitionsWithIndex(feeder).collect())  # noqa: E731
         t0 = time.monotonic()
         wall0 = time.time()
@@ -122,6 +124,8 @@ class FeedJobs:
                   output_type=None):
         from tfos.executor.feeding import make_inference_feeder
 
+        if not is_dataframe(data) and self.spark.connect:
+            raise_no_rdd("inference() with an RDD")
         cfg = self.feed_config(qname, feed_timeout, chunk_rows)
         if not is_dataframe(data):
             return data.mapPartitionsWithIndex(make_inference_feeder(cfg, arrow_input=False))
@@ -129,9 +133,9 @@ class FeedJobs:
             raise FeedError("DataFrame inference needs output_type, the Spark SQL type of one result "
                             "(e.g. 'double', 'array<float>')")
         from pyspark.sql.pandas.types import to_arrow_type
-        from pyspark.sql.types import StructField, StructType, _parse_datatype_string
+        from pyspark.sql.types import StructField, StructType
 
-        result_type = _parse_datatype_string(output_type)
+        result_type = self.spark.parse_type(output_type)
         schema = StructType(list(data.schema.fields) + [StructField(output_column, result_type)])
         return data.mapInArrow(make_inference_feeder(cfg, True, output_column, to_arrow_type(result_type)), schema)
 

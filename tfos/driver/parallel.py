@@ -41,11 +41,17 @@ def run(sc, map_fun, tf_args, num_executors: int, use_barrier: bool = True,
     slots (ReservationTimeoutError after that, as :meth:`TFCluster.reserve`). Its default is how
     long Spark itself would retry a barrier stage that lacks slots (TensorFlowOnSpark relied on
     that check): ``spark.scheduler.barrier.maxConcurrentTasksCheck.interval`` times ``.maxFailures``."""
-    from tfos.driver.spark import default_fs, wait_for_slots
+    from tfos.driver.spark import default_fs, spark_entry, wait_for_slots
     from tfos.executor.parallel import make_task
 
     if isinstance(num_executors, bool) or not isinstance(num_executors, int) or num_executors < 1:
         raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")
+    entry = spark_entry(sc)
+    if entry.connect:
+        raise ConfigError("TFParallel.run needs a SparkContext (it runs an RDD barrier stage), which a Spark Connect "
+                          "session does not have: use TFCluster.run(spark, map_fun, args, n, 0) instead, which "
+                          "runs map_fun once per node over Spark Connect too")
+    sc = entry.sc
     if use_barrier:
         if reservation_timeout is None:
             reservation_timeout = barrier_check_seconds(sc.getConf().get)

@@ -57,18 +57,6 @@ def quiet_py4j() -> None:
             lg.setLevel(logging.WARNING)
 
 
-def _quiet_spark_console_progress(sc) -> None:
-    """Stop Spark's console progress bar ("[Stage 0:> (0 + 2) / 2]"), which would redraw over the
-    tfos line for as long as the cluster's barrier stage runs. It stays off for this SparkContext."""
-    try:
-        bar = sc._jsc.sc().progressBar()
-        if bar.isDefined():
-            bar.get().stop()
-            logger.info("Spark's console progress bar is off for this session: tfos shows its own")
-    except Exception as e:  # classic SparkContext internals; nothing to do elsewhere
-        logger.debug("could not stop Spark's console progress bar: %s", e)
-
-
 class ProgressMonitor:
     """Shows a tqdm bar (console or notebook) with the slowest rank's step, mean loss and total
     examples/s, refreshed from the nodes' reports."""
@@ -99,7 +87,7 @@ class ProgressMonitor:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(desc=f"tfos {self.cluster.cluster_id}", unit=unit, dynamic_ncols=True, leave=True)
-            _quiet_spark_console_progress(self.cluster.sc)
+            self.cluster.spark.quiet_console()
         elif self._bar.unit != unit:  # steps began after a feed: the same line counts steps from now on
             self._bar.reset()
             self._bar.unit = unit

@@ -9,6 +9,7 @@ returns at once so the executor's slot is free for the tasks that feed data.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import subprocess
@@ -49,7 +50,12 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
         fn_path = os.path.join(ndir, "main_fun.pkl")
         private.write_private_file(fn_path, cloudpickle.dumps((main_fun, tf_args, node_hooks)))
         job, task_index = cluster.roles[i]
-        cfg = M.NodeConfig(cluster=cluster, node_index=i, job_name=job, task_index=task_index, host=node_host,
+        node_cluster = cluster
+        if not cluster.default_fs:  # a Spark Connect client could not ask the driver: this host's Hadoop config
+            from tfos.data.fs import hadoop_default_fs
+
+            node_cluster = dataclasses.replace(cluster, default_fs=hadoop_default_fs())
+        cfg = M.NodeConfig(cluster=node_cluster, node_index=i, job_name=job, task_index=task_index, host=node_host,
                            node_dir=ndir, fn_path=fn_path, working_dir=os.getcwd(), python=sys.executable,
                            sys_path=tuple(p for p in sys.path if p),
                            spark_gpus=tuple(res["gpu"].addresses) if "gpu" in res else (),
@@ -61,6 +67,21 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
         yield f"node {i} on {node_host}: {status}"
 
     return bootstrap
+
+
+def arrow_bootstrap(bootstrap):
+    """``bootstrap`` as the function of ``mapInArrow(..., barrier=True)`` (Spark Connect, where no
+    RDD exists): it runs once per task, whatever the input rows, and yields its status line."""
+
+    def run(batches):
+        import pyarrow as pa
+
+        for _ in batches:  # the one row of spark.range(n, numPartitions=n) carries nothing tfos needs
+            pass
+        for line in bootstrap(iter(())):
+            yield pa.RecordBatch.from_pydict({"status": [line]}, schema=pa.schema([("status", pa.string())]))
+
+    return run
 
 
 def launch_agent(cfg: M.NodeConfig) -> subprocess.Popen:

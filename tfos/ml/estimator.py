@@ -116,7 +116,7 @@ class TFEstimator(Estimator, _TFEstimatorParams, TFReadWrite):
             options["backend"] = self.getBackend()
         if self.getEnv():
             options["env"] = self.getEnv()
-        cluster = TFCluster.run(dataset.sparkSession.sparkContext, self.train_fn, args, self.getNumExecutors(),
+        cluster = TFCluster.run(dataset.sparkSession, self.train_fn, args, self.getNumExecutors(),
                                 self.getNumPS(), input_mode=mode, master_node=self.getMasterNode(),
                                 reservation_timeout=self.getReservationTimeout(), **options)
         with cluster:  # shutdown() on success (raises the nodes' errors), abort on an exception

@@ -204,7 +204,7 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
         if not input_cols:
             raise ConfigError("TFEstimator needs setInputMapping({column: tensor_name}) to know which columns to feed")
         tf_args = self.args.argv if self.args.argv else local_args
-        cluster = TFCluster.run(dataset.sparkSession.sparkContext, self.train_fn, tf_args, local_args.cluster_size,
+        cluster = TFCluster.run(dataset.sparkSession, self.train_fn, tf_args, local_args.cluster_size,
                                 local_args.num_ps, local_args.tensorboard, InputMode.SPARK,
                                 master_node=local_args.master_node, driver_ps_nodes=local_args.driver_ps_nodes)
         try:

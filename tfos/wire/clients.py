@@ -17,8 +17,10 @@ from tfos.wire import messages as M
 from tfos.wire.channel import Channel
 
 
-UNREACHABLE_DRIVER = ("this host cannot reach the driver at that address: set spark.driver.host (or TFOS_SERVER_HOST) "
-                      "to an address of the driver that executors can reach")
+UNREACHABLE_DRIVER = ("this host cannot reach the driver at that address: set TFOS_SERVER_HOST (or spark.driver.host "
+                      "for a classic driver; TFOS_ADVERTISE_HOST when only the advertised address differs, e.g. behind "
+                      "NAT) to an address of the driver - the Spark Connect client under Connect - that executors can "
+                      "reach")
 
 
 class DriverClient:

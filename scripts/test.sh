@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The test suite: unit tests plus integration tests on a real Spark local-cluster[2,1,1024]
-# (TF 2.21); then the multi-host suite (its own pytest session: a standalone cluster of three
+# (TF 2.21); then the Spark Connect suite (its own pytest session: a Connect session on an
+# embedded local-cluster[2,1,1024] server); then the multi-host suite (its own pytest session: a
+# standalone cluster of three
 # hosts in network namespaces; needs root, skipped otherwise); then the Horovod tests in their
 # own TF 2.15 environment (scripts/horovod_env.sh).
-# Extra arguments go to the main pytest run and skip the other two parts (e.g. -m "not slow").
+# Extra arguments go to the main pytest run and skip the other parts (e.g. -m "not slow").
 set -euo pipefail
-TFOS_EXTRAS="tf,spark,test"
+TFOS_EXTRAS="tf,spark,connect,test"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 # Run one pytest session; pytest's exit code 5 (no test collected) fails on purpose.
@@ -23,6 +25,10 @@ run_pytest() {
   [ "$code" -eq 0 ] || exit "$code"
 }
 run_pytest "main" python -m pytest "$@"
+if [ "$#" -eq 0 ]; then
+  echo "== Spark Connect tests (SparkSession.builder.remote(\"local-cluster[2,1,1024]\"))"
+  run_pytest "Spark Connect" python -m pytest --connect
+fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_MULTIHOST:-0}" != "1" ]; then
   echo "== multi-host tests (Spark standalone, one network namespace per host)"
   run_pytest "multi-host" python -m pytest --multihost

@@ -15,8 +15,9 @@ for p in (ROOT, os.path.join(ROOT, "examples", "digits"), os.path.join(ROOT, "te
 
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
-SPARK_FIXTURES = {"spark", "sc", "tfos_cluster"}
-MULTIHOST = os.path.join(ROOT, "tests", "multihost")
+SPARK_FIXTURES = {"spark", "sc", "tfos_cluster", "connect_spark", "connect_cluster"}
+# Suites that need a pytest session of their own (one process holds one Spark driver): option -> folder.
+SEPARATE = {"--multihost": os.path.join(ROOT, "tests", "multihost"), "--connect": os.path.join(ROOT, "tests", "connect")}
 
 
 def pytest_addoption(parser):
@@ -24,18 +25,24 @@ def pytest_addoption(parser):
                      help="run only the multi-host tests (tests/multihost: a Spark standalone cluster of several "
                           "hosts in network namespaces; needs root). They need their own pytest session, since "
                           "one process holds one SparkContext.")
+    parser.addoption("--connect", action="store_true",
+                     help="run only the Spark Connect tests (tests/connect: a Connect session on an embedded "
+                          "local-cluster[2,1,1024] server); their own pytest session, for the same reason.")
 
 
 def pytest_ignore_collect(collection_path, config):
     path = str(collection_path)
-    inside = path == MULTIHOST or path.startswith(MULTIHOST + os.sep)
-    if config.getoption("--multihost"):
-        if not inside and collection_path.is_dir() and not MULTIHOST.startswith(path):
+    chosen = [folder for option, folder in SEPARATE.items() if config.getoption(option)]
+    if chosen:
+        folder = chosen[0]
+        inside = path == folder or path.startswith(folder + os.sep)
+        if not inside and collection_path.is_dir() and not folder.startswith(path):
             return True
         if not inside and collection_path.suffix == ".py":
             return True
         return None
-    return True if inside else None
+    inside_any = any(path == f or path.startswith(f + os.sep) for f in SEPARATE.values())
+    return True if inside_any else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -65,13 +72,35 @@ def sc(spark):
 def tfos_cluster(sc):
     """``tfos_cluster(num_executors, num_ps=0, **reserve_kwargs)`` reserves a cluster on the shared
     Spark session; whatever the test does, every cluster it made is shut down (or aborted) after it."""
+    yield from _clusters_on(sc)
+
+
+@pytest.fixture(scope="session")
+def connect_spark():
+    """The Spark Connect suite's session (``pytest --connect``): a Connect session on an embedded
+    ``local-cluster[2,1,1024]`` server, as ``SparkSession.builder.remote("local-cluster[2,1,1024]")``
+    gives it, with the same 2 fake GPUs per executor as :func:`spark`."""
+    from tfos.testing import local_connect_session
+
+    session = local_connect_session(2, 1, 1024, fake_gpus_per_executor=2, app_name="tfos-connect-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def connect_cluster(connect_spark):
+    """:func:`tfos_cluster` on the Spark Connect session."""
+    yield from _clusters_on(connect_spark)
+
+
+def _clusters_on(spark):
     from tfos import TFCluster
     from tfos.errors import TFOSError
 
     made = []
 
     def reserve(num_executors, num_ps=0, **kwargs):
-        cluster = TFCluster.reserve(sc, num_executors, num_ps, **kwargs)
+        cluster = TFCluster.reserve(spark, num_executors, num_ps, **kwargs)
         made.append(cluster)
         return cluster
 

@@ -68,9 +68,39 @@ def local_cluster_session(num_executors: int = 2, cores: int = 1, memory_mb: int
     """
     from pyspark.sql import SparkSession
 
+    b = _configure(SparkSession.builder.master(f"local-cluster[{num_executors},{cores},{memory_mb}]"), app_name,
+                   fake_gpus_per_executor, conf)
+    spark = b.getOrCreate()
+    _wait_executors(spark.sparkContext, num_executors, wait_secs)
+    return spark
+
+
+def local_connect_session(num_executors: int = 2, cores: int = 1, memory_mb: int = 1024,
+                          fake_gpus_per_executor: int = 0, app_name: str = "tfos", conf: dict | None = None,
+                          wait_secs: float = 120.0):
+    """A Spark Connect SparkSession on ``local-cluster[num_executors,cores,memory_mb]``, as
+    ``SparkSession.builder.remote("local-cluster[...]")`` gives it: pyspark starts a Connect server
+    in a local Spark driver and this process talks to it over gRPC, with no SparkContext of its
+    own to use. Same executors and settings as :func:`local_cluster_session`."""
+    import warnings
+
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    b = _configure(SparkSession.builder.remote(f"local-cluster[{num_executors},{cores},{memory_mb}]"), app_name,
+                   fake_gpus_per_executor, conf)
+    with warnings.catch_warnings():  # the client re-sets the server's static settings and warns that it cannot
+        warnings.simplefilter("ignore", UserWarning)
+        spark = b.getOrCreate()
+    # The embedded server's driver lives in this process: only this helper looks at it, to wait for executors.
+    _wait_executors(SparkContext._active_spark_context, num_executors, wait_secs)
+    return spark
+
+
+def _configure(b, app_name: str, fake_gpus_per_executor: int, conf: dict | None):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    b = (SparkSession.builder.master(f"local-cluster[{num_executors},{cores},{memory_mb}]").appName(app_name)
+    b = (b.appName(app_name)
          .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_log4j_config()}")
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")
@@ -86,21 +116,31 @@ def local_cluster_session(num_executors: int = 2, cores: int = 1, memory_mb: int
              .config("spark.task.resource.gpu.amount", "1"))
     for k, v in (conf or {}).items():
         b = b.config(k, v)
-    spark = b.getOrCreate()
-    jsc = spark.sparkContext._jsc.sc()
+    return b
+
+
+def _wait_executors(sc, num_executors: int, wait_secs: float) -> None:
+    jsc = sc._jsc.sc()
     deadline = time.monotonic() + wait_secs
     while jsc.statusTracker().getExecutorInfos().__len__() - 1 < num_executors:
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {jsc.statusTracker().getExecutorInfos().__len__() - 1} of {num_executors} "
                                f"executors registered within {wait_secs:.0f}s")
         time.sleep(0.25)
-    return spark
 
 
-def example_session(num_executors: int = 2, app_name: str = "tfos-example"):
+def example_session(num_executors: int = 2, app_name: str = "tfos-example", remote: str | None = None):
     """The SparkSession an example should use: the one spark-submit (or a notebook) already set up,
-    with its --master; else an embedded local-cluster with ``num_executors`` executors."""
+    with its --master; else an embedded local-cluster with ``num_executors`` executors.
+
+    ``remote``: a Spark Connect session instead: ``sc://host:15002`` connects to that server,
+    ``local-cluster`` starts an embedded Connect server on ``local-cluster[num_executors,1,1024]``."""
     from pyspark.sql import SparkSession
+
+    if remote == "local-cluster":
+        return local_connect_session(num_executors, app_name=app_name)
+    if remote:
+        return SparkSession.builder.remote(remote).getOrCreate()
 
     active = SparkSession.getActiveSession()
     if active is not None:

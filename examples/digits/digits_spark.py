@@ -1,8 +1,10 @@
 """Digits on tfos, InputMode.SPARK: Spark streams the training data (a DataFrame or an RDD)
 into 2 worker nodes training with MultiWorkerMirroredStrategy, then the same nodes answer
-cluster.inference() over an RDD of test rows, and the predictions are written out.
+cluster.inference() over the test rows (a DataFrame gains a prediction column; an RDD gives an
+RDD of predictions), and the predictions are written out.
 
     python examples/digits/digits_spark.py --source dataframe     # or --source rdd
+    python examples/digits/digits_spark.py --remote local-cluster  # over Spark Connect (or sc://host:15002)
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--learning-rate", type=float, default=0.01)
     p.add_argument("--output-dir", default=None, help="where predictions are written")
+    p.add_argument("--remote", default=None, help="run over Spark Connect: sc://host:15002, or local-cluster for an "
+                   "embedded Connect server (DataFrames only: --source dataframe)")
     return p.parse_args(argv)
 
 
@@ -92,25 +96,30 @@ def main(argv=None, spark=None) -> float:
     if own_session:
         from tfos.testing import example_session
 
-        spark = example_session(args.num_executors, app_name="tfos-digits-spark")
-    sc = spark.sparkContext
+        spark = example_session(args.num_executors, app_name="tfos-digits-spark", remote=args.remote)
     (xtr, ytr), (xte, yte) = load()
+    out = args.output_dir or tempfile.mkdtemp(prefix="tfos-digits-preds-")
+    path = os.path.join(out, "predictions")
     if args.source == "dataframe":
         train = spark.createDataFrame([(r.tolist(), int(l)) for r, l in zip(xtr, ytr)],
                                       "features array<float>, label long").repartition(6)
     else:
-        train = sc.parallelize(list(zip(xtr, ytr.tolist())), 6)
-    cluster = TFCluster.run(sc, main_fun, args, args.num_executors, 0, input_mode=InputMode.SPARK,
+        train = spark.sparkContext.parallelize(list(zip(xtr, ytr.tolist())), 6)
+    cluster = TFCluster.run(spark, main_fun, args, args.num_executors, 0, input_mode=InputMode.SPARK,
                             master_node="chief")
     try:
         cluster.train(train, num_epochs=args.epochs)
-        test = sc.parallelize(list(zip(xte, yte.tolist())), 4)
-        preds = cluster.inference(test)
-        out = args.output_dir or tempfile.mkdtemp(prefix="tfos-digits-preds-")
-        path = os.path.join(out, "predictions")
-        test.map(lambda r: r[1]).zip(preds).map(lambda lp: json.dumps({"label": lp[0], "prediction": int(lp[1])})) \
-            .saveAsTextFile(path)
-        pairs = [json.loads(s) for s in sc.textFile(path).collect()]
+        if args.source == "dataframe":
+            test = spark.createDataFrame([(r.tolist(), int(l)) for r, l in zip(xte, yte)],
+                                         "features array<float>, label long").repartition(4)
+            cluster.inference(test, output_type="long").select("label", "prediction").write.json(path)
+            pairs = [r.asDict() for r in spark.read.json(path).collect()]
+        else:
+            test = spark.sparkContext.parallelize(list(zip(xte, yte.tolist())), 4)
+            preds = cluster.inference(test)
+            test.map(lambda r: r[1]).zip(preds).map(
+                lambda lp: json.dumps({"label": lp[0], "prediction": int(lp[1])})).saveAsTextFile(path)
+            pairs = [json.loads(s) for s in spark.sparkContext.textFile(path).collect()]
     finally:
         cluster.shutdown(timeout=600)
     acc = float(np.mean([p["label"] == p["prediction"] for p in pairs]))

@@ -29,19 +29,27 @@ def test_digits_spark_example_trains_and_writes_predictions(spark, source, tmp_p
 
 
 @pytest.mark.slow
-def test_notebook_runs_top_to_bottom(tmp_path):
+@pytest.mark.parametrize("remote", [None, "local-cluster"], ids=["classic", "connect"])
+def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch, remote):
+    """The notebook's own kernel starts its Spark: a classic session, or (TFOS_NOTEBOOK_REMOTE) a
+    Spark Connect session on an embedded Connect server; the cells are the same."""
     import os
 
     import nbclient
     import nbformat
+
+    if remote:
+        monkeypatch.setenv("TFOS_NOTEBOOK_REMOTE", remote)
 
     root = ROOT
     nb = nbformat.read(os.path.join(root, "examples", "notebook", "tfos_step_by_step.ipynb"), as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "test accuracy" in outputs
+    outputs = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                      for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "test accuracy" in outputs and "on 450 rows" in outputs
+    assert ("pyspark.sql.connect" in outputs) == bool(remote)  # the session the kernel got
 
 
 @pytest.mark.slow

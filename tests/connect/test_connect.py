@@ -174,3 +174,21 @@ def test_dataframe_inference_answers_every_row_once_in_order(connect_cluster, co
         assert all(r.prediction.id == r.id and r.prediction.sum == 8.0 * r.id for r in rows)
     finally:
         cluster.shutdown(timeout=60)
+
+
+@pytest.mark.slow
+def test_spark_ml_estimator_fits_and_model_transforms_over_connect(connect_spark, tmp_path):
+    """tfos.ml needs no SparkContext: TFEstimator.fit feeds the DataFrame, TFModel.transform is a
+    mapInArrow; the same accuracy bar as the classic test."""
+    import numpy as np
+
+    from tfos.ml import TFEstimator
+    from tfos_ml_digits import digits_data, digits_train_fn
+
+    train, test = digits_data(connect_spark)
+    est = TFEstimator(digits_train_fn, {"learning_rate": 0.01}, inputCols=["features"], labelCol="label",
+                      exportDir=str(tmp_path / "digits.keras"), numExecutors=2, epochs=8, batchSize=32,
+                      reservationTimeout=120)
+    rows = est.fit(train).setOutputMode("argmax").transform(test).select("label", "prediction").collect()
+    assert len(rows) == test.count()
+    assert float(np.mean([r.label == r.prediction for r in rows])) >= 0.9

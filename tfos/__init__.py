@@ -9,7 +9,7 @@ pyspark nor TensorFlow, so node agents and TF processes stay light.
 """
 
 from tfos.errors import (AuthenticationError, ClusterStateError, ConfigError, FeedError, FeedTimeoutError,
-                         NodeFailedError, NodeFailure, ProtocolError, ReservationTimeoutError, TFOSError,
+                         NodeFailedError, NodeFailure, NonRetryable, ProtocolError, ReservationTimeoutError, TFOSError,
                          TFOSTimeoutError)
 from tfos.topology import InputMode
 
@@ -36,5 +36,5 @@ def __getattr__(name):
 
 __all__ = ["TFCluster", "InputMode", "NodeContext", "DataFeed", "TFNode", "TFOSError", "ConfigError",
            "ProtocolError", "AuthenticationError", "TFOSTimeoutError", "ReservationTimeoutError",
-           "FeedTimeoutError", "FeedError", "ClusterStateError", "NodeFailedError", "NodeFailure",
+           "FeedTimeoutError", "FeedError", "ClusterStateError", "NodeFailedError", "NodeFailure", "NonRetryable",
            "__version__"]

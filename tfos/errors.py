@@ -55,6 +55,17 @@ class ScriptError(TFOSError):
     """A TF script run with ``TFCluster.run_script`` exited with a non-zero code."""
 
 
+#: Marker file in a node's directory, written by the TF process when main_fun raised NonRetryable
+#: or ConfigError; the agent reports it as ``NodeExited.retryable=False``.
+NONRETRYABLE_FILE = "nonretryable"
+
+
+class NonRetryable(TFOSError):
+    """Raise it (or a subclass) in main_fun for a failure that a restart cannot fix (bad input,
+    a wrong argument): the cluster then fails at once instead of restarting (``max_restarts``).
+    ``raise tfos.NonRetryable("...") from e`` keeps the cause in the traceback."""
+
+
 class ClusterStateError(TFOSError):
     """An API call that the cluster's current state does not allow."""
 
@@ -72,6 +83,8 @@ class NodeFailure:
     traceback: str = ""
     log_tail: str = ""
     log_path: str = ""
+    retryable: bool = True  # False: main_fun raised NonRetryable or ConfigError (no restart helps)
+    attempt: int = 0  # which start of the cluster it happened in (0: the first; see max_restarts)
 
 
 class NodeFailedError(TFOSError):
@@ -93,7 +106,8 @@ def format_failures(failures) -> str:
         groups.setdefault(f.traceback or f.reason, []).append(f)
     parts = []
     for _, group in groups.items():
-        head = ", ".join(f"node {f.node_index} ({f.job_name}:{f.task_index} on {f.host})" for f in group)
+        head = ", ".join(f"node {f.node_index} ({f.job_name}:{f.task_index} on {f.host}"
+                         + (f", attempt {f.attempt}" if f.attempt else "") + ")" for f in group)
         f = group[0]
         text = [f"[{head}] {f.reason}"]
         if f.traceback:

@@ -4,6 +4,7 @@
 and a custom training loop; the chief evaluates on the held-out test set.
 
     python examples/digits/digits_tf.py                 # embedded local-cluster[2,1,1024]
+    python examples/digits/digits_tf.py --max-restarts 2  # survive node failures: resume from checkpoints
     spark-submit --master spark://HOST:7077 examples/digits/digits_tf.py --data-dir /shared/digits
 """
 
@@ -75,6 +76,20 @@ def main_fun(args, ctx):
     with strategy.scope():
         model = build_model()
         optimizer = __import__("keras").optimizers.Adam(args.learning_rate)
+        optimizer.build(model.trainable_variables)  # its slots exist before a checkpoint restores them
+
+    # Checkpoints in ctx.checkpoint_dir (the same on every attempt): after a restart (max_restarts),
+    # training resumes from the last one, at its step. Every worker saves (MWMS needs all of them);
+    # only the chief's copy is kept in checkpoint_dir, the others go to a private temp dir.
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    ckpt_dir = ctx.absolute_path(ctx.checkpoint_dir).replace("file://", "")
+    save_dir = ckpt_dir if ctx.is_chief else tempfile.mkdtemp(prefix=f"ckpt-rank{ctx.rank}-")
+    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
+    latest = tf.train.latest_checkpoint(ckpt_dir)
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
+    resumed_from = int(optimizer.iterations.numpy())
+    print(f"rank {ctx.rank} attempt {ctx.attempt}: starting at step {resumed_from}", flush=True)
 
     def step(xb, yb):
         with tf.GradientTape() as tape:
@@ -90,27 +105,36 @@ def main_fun(args, ctx):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=next(it)), axis=None)
 
     it = iter(dist_ds)
-    steps = 0
-    for epoch in range(args.epochs):
-        total = 0.0
-        for _ in range(steps_per_epoch):
-            loss = float(train_step(it))
-            total += loss
-            steps += 1
-            if steps % 10 == 0:
-                ctx.report(step=steps, loss=loss, epoch=epoch + 1)  # the driver's progress line
-        print(f"rank {ctx.rank} epoch {epoch}: loss {total / steps_per_epoch:.4f}", flush=True)
-    ctx.report(step=steps, loss=total / steps_per_epoch)
+    steps = resumed_from
+    planned = args.epochs * steps_per_epoch
+    every = getattr(args, "checkpoint_every", 0) or steps_per_epoch
+    total, loss = 0.0, float("nan")
+    while steps < planned:
+        loss = float(train_step(it))
+        total += loss
+        steps += 1
+        if steps % 10 == 0:
+            ctx.report(step=steps, loss=loss, epoch=steps // steps_per_epoch + 1)  # the driver's progress line
+        if steps % every == 0 or steps == planned:
+            manager.save(checkpoint_number=steps)
+        if steps % steps_per_epoch == 0:
+            print(f"rank {ctx.rank} epoch {steps // steps_per_epoch - 1}: loss {total / steps_per_epoch:.4f}",
+                  flush=True)
+            total = 0.0
+    ctx.report(step=steps, loss=loss)
 
     out_dir = ctx.absolute_path(args.output_dir).replace("file://", "")
     os.makedirs(out_dir, exist_ok=True)
     np.savez(os.path.join(out_dir, f"weights-rank{ctx.rank}.npz"), *[w.numpy() for w in model.weights])
+    with open(os.path.join(out_dir, f"attempt-rank{ctx.rank}.json"), "w") as f:
+        json.dump({"attempt": ctx.attempt, "resumed_from": resumed_from, "steps": steps}, f)
     if ctx.is_chief:
         xt, yt = load_csv([os.path.join(data_dir, "test.csv")])
         pred = np.argmax(model(xt, training=False).numpy(), axis=1)
         acc = float(np.mean(pred == yt))
         with open(os.path.join(out_dir, "result.json"), "w") as f:
-            json.dump({"accuracy": acc, "test_rows": int(len(yt)), "epochs": args.epochs}, f)
+            json.dump({"accuracy": acc, "test_rows": int(len(yt)), "epochs": args.epochs, "steps": steps,
+                       "planned_steps": planned, "attempt": ctx.attempt, "resumed_from": resumed_from}, f)
         print(f"chief: test accuracy {acc:.4f}", flush=True)
 
 
@@ -148,6 +172,8 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=None, help="directory every node can read (default: a temp dir)")
     p.add_argument("--output-dir", default=None)
     p.add_argument("--master", default=None, help="Spark master (default: embedded local-cluster)")
+    p.add_argument("--max-restarts", type=int, default=0, help="restart all nodes from the last checkpoint "
+                   "after a node failure, up to this many times")
     return p.parse_args(argv)
 
 
@@ -169,8 +195,9 @@ def main(argv=None) -> float:
         from tfos.testing import example_session
 
         spark = example_session(args.num_executors, app_name="tfos-digits")
-    cluster = TFCluster.run(spark.sparkContext, main_fun, args, args.num_executors, 0,
-                            input_mode=InputMode.TENSORFLOW, master_node="chief")
+    cluster = TFCluster.run(spark, main_fun, args, args.num_executors, 0, input_mode=InputMode.TENSORFLOW,
+                            master_node="chief", max_restarts=args.max_restarts,
+                            log_dir=os.path.join(args.output_dir, "logs"))
     cluster.shutdown()
     with open(os.path.join(args.output_dir, "result.json")) as f:
         result = json.load(f)

@@ -379,3 +379,20 @@ def test_check_advertised_refuses_loopback_for_remote_executors(advertise, maste
             check_advertised(address, master, resolve)
     else:
         check_advertised(address, master, resolve)
+
+
+@pytest.mark.parametrize("retryable,done,max_restarts,refused", [
+    ((True,), 0, 0, "max_restarts=0"),
+    ((True,), 0, 1, None),
+    ((True, True), 1, 2, None),
+    ((True,), 2, 2, "all 2 restart(s)"),
+    ((False,), 0, 3, "NonRetryable"),
+    ((True, False), 0, 3, "NonRetryable"),
+])
+def test_restart_refusal(retryable, done, max_restarts, refused):
+    from tfos.driver.lifecycle import restart_refusal
+    from tfos.errors import NodeFailure
+
+    failures = [NodeFailure(i, "worker", i, "h", "boom", retryable=r) for i, r in enumerate(retryable)]
+    why = restart_refusal(failures, done, max_restarts)
+    assert (why is None) if refused is None else (refused in why)

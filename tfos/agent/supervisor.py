@@ -24,7 +24,7 @@ import time
 
 from tfos.agent import reaper
 from tfos.agent.gpus import gpu_environment, pick_gpus
-from tfos.errors import TFOSError
+from tfos.errors import NONRETRYABLE_FILE, TFOSError
 from tfos.host import private, processes
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
@@ -143,6 +143,7 @@ class NodeAgent:
                 tb = f.read()
         except OSError:
             tb = ""
+        retryable = not os.path.exists(os.path.join(self.cfg.node_dir, NONRETRYABLE_FILE))
         driver_lost = reason.startswith(DRIVER_LOST)
         deadline = time.monotonic() + (2.0 if driver_lost else REPORT_EXIT_SECS)
         attempt = 0
@@ -150,7 +151,7 @@ class NodeAgent:
             attempt += 1
             try:
                 self.driver.node_exited(code, tb, processes.tail(self.log_path, 40), self.log_path,
-                                        stopped_by_driver, reason,
+                                        stopped_by_driver, reason, retryable=retryable,
                                         timeout=max(0.5, min(10.0, deadline - time.monotonic())))
                 return
             except (TFOSError, OSError) as e:

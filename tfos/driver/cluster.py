@@ -6,9 +6,11 @@ Runs in the Spark driver. ``TFCluster`` composes the parts of the driver: the li
 progress bar, timeline and TensorBoard (``progress``, ``tensorboard``), the MLflow run
 (``tracking``) and the checks of reserve()'s arguments (``settings``).
 
-It stays one module of a little over 500 lines because it is the facade: most of its length is
-the public methods' signatures and docstrings (reserve, run, run_script, start, train, inference,
-shutdown); the work behind them lives in the modules above.
+It stays one module of about 700 lines because it is the facade: most of its length is the
+public methods' signatures and docstrings (reserve, run, run_script, start, train, inference,
+shutdown); the work behind them lives in the modules above. What it does itself is the order of
+things: the start of each attempt (``_launch``) and the restart after a node failure
+(``_recover``; the decision is ``lifecycle.restart_refusal``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tfos import topology
 from tfos.driver import spark as S
 from tfos.driver.feed_scheduler import FeedScheduler
 from tfos.driver.feeding import FeedJobs
-from tfos.driver.lifecycle import Lifecycle, Phase
+from tfos.driver.lifecycle import Lifecycle, Phase, Restart, restart_refusal
 from tfos.driver.progress import quiet_py4j
 from tfos.driver.registry import NodeRegistry
 from tfos.driver.service import ControlService
@@ -64,7 +66,15 @@ class TFCluster:
         self.service = self._listen(cluster.secret, address)
         self.config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
-        self.feeds = FeedJobs(self.spark, self.registry, self.scheduler, self.config, self.raise_if_failed, self._abort)
+        self.feeds = FeedJobs(self.spark, self.registry, self.scheduler, self.config, self._feed_check_failed,
+                              self._abort)
+        self.max_restarts = 0  # set by reserve()
+        self.restart_backoff = 0.0
+        self.restarts: list[Restart] = []  # each failure that restarted the cluster
+        self._failed_before: list = []  # NodeFailures of the attempts that were restarted
+        self._main = None  # (main_fun, tf_args, node_hooks), kept for restarts
+        self._restart_lock = threading.RLock()  # one restart at a time (monitor thread or a waiting call)
+        self._restarter: threading.Thread | None = None
         self.lifecycle = Lifecycle()
         self.input_mode: InputMode | None = None
         self._default_input_mode = default_input_mode
@@ -106,7 +116,8 @@ class TFCluster:
                 backend=None, transport: str = "grpc", backend_options: dict | None = None,
                 progress: bool = True, timeline: str | None = None, report_interval: float = 1.0,
                 tensorboard_host: str | None = None, tensorboard_port: int = 0, mlflow: bool = False,
-                mlflow_run=None, mlflow_experiment: str | None = None) -> "TFCluster":
+                mlflow_run=None, mlflow_experiment: str | None = None, max_restarts: int = 0,
+                restart_backoff: float = 5.0, checkpoint_dir: str | None = None) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         ``sc``: a SparkContext, a SparkSession, or a Spark Connect SparkSession (then the data
@@ -127,9 +138,16 @@ class TFCluster:
         the driver (``cluster.tensorboard_url``). ``progress`` shows a progress bar fed by
         ``ctx.report()`` / ``tfos.callbacks.progress``; ``timeline='trace.json'`` writes a merged
         Chrome trace of every rank (feed waits, steps) at shutdown.
+
+        ``max_restarts``: after a node failure (exception, TF process or agent killed, executor or
+        host lost), stop every node and start them all again from ``main_fun`` (``ctx.attempt``
+        counts the restarts), up to this many times, ``restart_backoff`` seconds after the
+        failure; main_fun restores its state from ``ctx.checkpoint_dir`` (``checkpoint_dir``, else
+        ``<log_dir>/checkpoint``: storage every node reads, the same on every attempt). A failure
+        raised as ``tfos.NonRetryable`` (or ConfigError) is never retried. See docs/design.md §5.1.
         """
         validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
-                         InputMode.TENSORFLOW if input_mode is None else input_mode, num_gpus)
+                         InputMode.TENSORFLOW if input_mode is None else input_mode, num_gpus, max_restarts)
         if tensorboard:
             from tfos.driver.tensorboard import require_tensorboard
 
@@ -162,9 +180,12 @@ class TFCluster:
             heartbeat_timeout=_seconds("heartbeat_timeout", heartbeat_timeout),
             stop_grace_secs=_seconds("stop_grace_secs", stop_grace_secs, allow_zero=True),
             timeline=bool(timeline), report_interval=_seconds("report_interval", report_interval),
-            metric_history=bool(mlflow or mlflow_run is not None))
+            metric_history=bool(mlflow or mlflow_run is not None),
+            checkpoint_dir=checkpoint_dir or log_dir.rstrip("/") + "/checkpoint")
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         cluster = cls(spark, roles, backend_obj, config, default_mode, timeline, progress, address)
+        cluster.max_restarts = max_restarts
+        cluster.restart_backoff = _seconds("restart_backoff", restart_backoff, allow_zero=True)
         if mlflow or mlflow_run is not None:
             cluster._open_tracker(mlflow_run, mlflow_experiment, {
                 "num_executors": num_executors, "num_ps": num_ps, "master_node": master_node, "eval_node": eval_node,
@@ -246,22 +267,13 @@ class TFCluster:
         except ValueError:
             raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
         self.config = dataclasses.replace(self.config, input_mode=int(self.input_mode))
-        bootstrap = make_bootstrap(self.config, main_fun, tf_args, self.backend.node_hooks())
+        self._main = (main_fun, tf_args, self.backend.node_hooks())
         if self._tracker is not None:
             from tfos.driver.tracking import args_params
 
             self._tracker.log_params(dict(args_params(tf_args), input_mode=self.input_mode.name))
-        n = len(self.roles)
         self.lifecycle.to(Phase.STARTING)
-
-        def reservation_ended(job):
-            if job.error is not None and not self._closing.is_set():
-                self.registry.abort(f"the tfos reservation job failed: {_short(job.error)}")
-
         try:
-            self._reservation = S.SparkJob(
-                self.spark, f"tfos-{self.cluster_id}", f"tfos cluster {self.cluster_id}: {n} TF nodes",
-                self.spark.barrier_stage(n, bootstrap), on_done=reservation_ended)
             self._monitor = threading.Thread(target=self._monitor_loop, name=f"tfos-monitor-{self.cluster_id}",
                                              daemon=True)
             self._monitor.start()
@@ -269,7 +281,7 @@ class TFCluster:
                 from tfos.driver.progress import ProgressMonitor
 
                 self._progress = ProgressMonitor(self).start()
-            err = self._wait_registered(n)
+            err = self._launch()
         except BaseException as e:  # interrupted (Ctrl-C) or broken: nothing may be left running
             self._abort(e if isinstance(e, TFOSError) else TFOSError(f"start() interrupted by {type(e).__name__}"))
             raise
@@ -279,6 +291,23 @@ class TFCluster:
         self.lifecycle.to(Phase.RUNNING)
         logger.info("tfos cluster %s started: %s", self.cluster_id, json.dumps(self.cluster_spec))
         return self
+
+    def _launch(self) -> TFOSError | None:
+        """Run this attempt's barrier stage (one task per node) and wait until every node registered;
+        the error that stopped it, if any."""
+        n = len(self.roles)
+        attempt = self.config.attempt
+        bootstrap = make_bootstrap(self.config, *self._main)
+
+        def reservation_ended(job):
+            if job.error is not None and not self._closing.is_set() and self.config.attempt == attempt:
+                self.registry.abort(f"the tfos reservation job failed: {_short(job.error)}")
+
+        cid = self.config.cluster_id
+        self._reservation = S.SparkJob(self.spark, f"tfos-{cid}", f"tfos cluster {cid}: {n} TF nodes"
+                                       + (f" (attempt {attempt})" if attempt else ""),
+                                       self.spark.barrier_stage(n, bootstrap), on_done=reservation_ended)
+        return self._wait_registered(n)
 
     def _wait_registered(self, n: int) -> TFOSError | None:
         timeout = self.config.reservation_timeout
@@ -293,12 +322,12 @@ class TFCluster:
             if reg.failures:
                 return NodeFailedError(reg.failures)
             if reg.abort_reason:
-                return TFOSError(reg.abort_reason.rstrip(".") + "." + _node_logs_hint(self.cluster_id))
+                return TFOSError(reg.abort_reason.rstrip(".") + "." + _node_logs_hint(self.config.cluster_id))
             if not reg.all_registered():
                 return ReservationTimeoutError(
                     f"nodes {reg.missing()} of {n} did not start within {timeout:.0f}s (reservation_timeout). Spark "
                     "may lack free slots (other jobs running?) or the TF processes are slow to import; raise "
-                    "reservation_timeout or free executors." + _node_logs_hint(self.cluster_id))
+                    "reservation_timeout or free executors." + _node_logs_hint(self.config.cluster_id))
         return None
 
     def _backend_setup(self, nodes) -> dict:
@@ -351,11 +380,28 @@ class TFCluster:
 
         Raises FeedTimeoutError if a node accepts no data for ``feed_timeout`` seconds, FeedError
         for rows that cannot be converted, NodeFailedError if a node fails meanwhile.
+
+        With ``max_restarts``, each epoch is its own Spark job; when a node fails, the cluster
+        restarts and the new attempt is fed the interrupted epoch again in full, then the rest
+        (epochs that finished before the failure are not fed again). Returns the rows fed.
         """
         self._check_running("train")
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ConfigError(f"num_epochs must be a positive int, got {num_epochs!r}")
-        return self.feeds.train(data, num_epochs, feed_timeout, qname, chunk_rows)
+        if self.max_restarts <= 0:
+            return self.feeds.train(data, num_epochs, feed_timeout, qname, chunk_rows)
+        fed, done = 0, 0
+        while True:
+            epochs_done: list[int] = []  # rows of each epoch fed completely in this attempt
+            try:
+                return fed + self.feeds.train(data, num_epochs - done, feed_timeout, qname, chunk_rows,
+                                              epochs_done=epochs_done)
+            except NodeFailedError:
+                done += len(epochs_done)
+                fed += sum(epochs_done)
+                logger.warning("tfos: a node failed while feeding epoch %d of %d; restarting the cluster",
+                               done + 1, num_epochs)
+                self._recover()  # raises when no restart is allowed
 
     def inference(self, data, feed_timeout: float = 600, qname: str = "input", chunk_rows: int | None = None,
                   output_column: str = "prediction", output_type: str | None = None):
@@ -416,13 +462,22 @@ class TFCluster:
             logger.info("tfos cluster %s: waiting up to %s for training nodes %s to finish (shutdown timeout=)",
                         self.cluster_id, "ever" if timeout == float("inf") else f"{timeout:.0f}s", waiting)
         deadline = time.monotonic() + timeout
-        with reg.cond:
-            while reg.unfinished(trainers) and not reg.failures:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                reg.cond.wait(min(remaining, 1.0))  # inf timeout: wakes every second
-            running = [] if reg.failures else reg.unfinished(trainers)
+        while True:
+            with reg.cond:
+                while reg.unfinished(trainers) and not reg.failures:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    reg.cond.wait(min(remaining, 1.0))  # inf timeout: wakes every second
+                running = [] if reg.failures else reg.unfinished(trainers)
+                failures = list(reg.failures)
+            # InputMode.TENSORFLOW: main_fun runs again from its checkpoint (or, with no restart left,
+            # _recover raises every attempt's failures). InputMode.SPARK restarts only while train()
+            # feeds: after the last feed there is no data to resume from.
+            if failures and self.input_mode == InputMode.TENSORFLOW:
+                self._recover()
+                continue
+            break
         if running:
             raise TFOSTimeoutError(f"training nodes {running} still running after {timeout:.0f}s; "
                                    "raise shutdown(timeout=...)")
@@ -431,7 +486,7 @@ class TFCluster:
                 reg.cond.wait_for(lambda: not reg.unfinished(others), timeout=grace_secs)
         self._stop_nodes(range(len(self.roles)))
         if reg.failures:
-            self.lifecycle.fail(NodeFailedError(reg.failures))
+            self.lifecycle.fail(NodeFailedError(self._every_failure()))
             self._release()
             raise self.lifecycle.error
         self._release()
@@ -449,17 +504,119 @@ class TFCluster:
 
     # ------------------------------------------------------------------ internals
     def raise_if_failed(self) -> None:
-        """Raise NodeFailedError if any node has failed; later calls raise it again."""
+        """Raise NodeFailedError if any node has failed; later calls raise it again. With restarts
+        left (``max_restarts``) the cluster is restarted instead."""
         with self.registry.cond:
             failures = list(self.registry.failures)
         if failures:
-            self._abort(NodeFailedError(failures))
-            raise self.lifecycle.error or NodeFailedError(failures)
+            self._recover()
+
+    def _feed_check_failed(self) -> None:
+        """For a feed in progress: raise NodeFailedError if a node failed, leaving the restart (if
+        one is allowed) to train(), which knows which epoch to feed again."""
+        with self.registry.cond:
+            failures = list(self.registry.failures)
+        if not failures:
+            return
+        if self._restart_refusal(failures) is None:
+            raise NodeFailedError(failures)
+        self._recover()
+
+    def _restart_refusal(self, failures) -> str | None:
+        if self.lifecycle.phase not in (Phase.RUNNING, Phase.SHUTTING_DOWN):
+            return "the cluster is not running"
+        return restart_refusal(failures, len({r.attempt for r in self.restarts}), self.max_restarts)
+
+    def _recover(self) -> None:
+        """Nodes failed: stop every node of this attempt and start the next one (``ctx.attempt`` + 1),
+        or, when no restart is allowed, fail the cluster with every attempt's failures (raises)."""
+        with self._restart_lock:
+            self._recover_locked()
+
+    def _recover_locked(self) -> None:
+        reg = self.registry
+        attempt = self.config.attempt
+        with reg.cond:
+            failures = [dataclasses.replace(f, attempt=attempt) for f in reg.failures]
+        if not failures:  # another thread restarted the cluster meanwhile
+            return
+        why_not = self._restart_refusal(failures)
+        if why_not is not None:
+            if self.max_restarts > 0:
+                logger.error("tfos cluster %s cannot restart: %s", self.cluster_id, why_not)
+            self._abort(NodeFailedError(self._every_failure()))
+            raise self.lifecycle.error
+        now = time.time()
+        logger.warning("tfos cluster %s: restarting all nodes after the failure of %s (restart %d of %d)",
+                       self.cluster_id, ", ".join(f"node {f.node_index} on {f.host}: {f.reason}" for f in failures),
+                       attempt + 1, self.max_restarts)
+        reg.abort("the cluster is restarting after a node failure")
+        self._stop_nodes(range(len(self.roles)))
+        with reg.cond:  # every node that failed by itself, not only the first one the driver heard of
+            failures += [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own()]
+        self.restarts += [Restart(now, attempt, f.node_index, f.job_name, f.task_index, f.host, f.reason)
+                          for f in sorted(failures, key=lambda f: f.node_index)]
+        self._failed_before += failures
+        job = self._reservation
+        if job is not None:
+            job.cancel()
+        self.backend.teardown()
+        time.sleep(self.restart_backoff)
+        self.config = dataclasses.replace(self.config, cluster_id=f"{self.cluster_id}-{attempt + 1}",
+                                          attempt=attempt + 1)
+        self.feeds.cluster = self.config
+        with reg.cond:  # an _abort() from another thread fails the lifecycle first, then the registry
+            if self.lifecycle.ended:
+                raise self.lifecycle.error or TFOSError("the cluster ended while restarting")
+            reg.new_attempt(self.config.cluster_id)
+        self.scheduler.new_attempt()
+        err = self._launch()
+        if isinstance(err, NodeFailedError):  # the new attempt failed while starting: restart again, or stop
+            self._recover()
+            return
+        if err is not None:  # e.g. ReservationTimeoutError: Spark did not offer the slots again
+            self._abort(err)
+            raise self.lifecycle.error
+        logger.info("tfos cluster %s: attempt %d started: %s", self.cluster_id, attempt + 1,
+                    json.dumps(self.cluster_spec))
+
+    def _every_failure(self) -> list:
+        """The failures of the restarted attempts, then this attempt's."""
+        with self.registry.cond:
+            return self._failed_before + [dataclasses.replace(f, attempt=self.config.attempt)
+                                          for f in self.registry.failures]
+
+    @property
+    def attempt(self) -> int:
+        """0 on the first start, k after the k-th restart."""
+        return self.config.attempt
 
     def _monitor_loop(self) -> None:
         interval = max(0.2, self.config.heartbeat_interval)
         while not self._closing.wait(interval):
             self.registry.check_heartbeats(self.config.heartbeat_timeout)
+            self._maybe_restart_in_background()
+
+    def _maybe_restart_in_background(self) -> None:
+        """InputMode.TENSORFLOW: restart as soon as a node fails, whether or not a call is waiting.
+        (InputMode.SPARK restarts in train(), which knows which epoch to feed again.)"""
+        if self.input_mode != InputMode.TENSORFLOW or self.max_restarts <= 0:
+            return
+        if self._restarter is not None and self._restarter.is_alive():
+            return
+        with self.registry.cond:
+            failures = list(self.registry.failures)
+        if not failures or self._restart_refusal(failures) is not None:
+            return  # nothing to do, or the waiting call raises the failure
+
+        def restart():
+            try:
+                self._recover()
+            except TFOSError as e:  # the cluster failed; the next call raises it
+                logger.debug("background restart ended the cluster: %s", e)
+
+        self._restarter = threading.Thread(target=restart, name=f"tfos-restart-{self.cluster_id}", daemon=True)
+        self._restarter.start()
 
     def _stop_nodes(self, which) -> None:
         """Ask the agents of ``which`` nodes to stop and wait until they report their exits."""
@@ -480,6 +637,10 @@ class TFCluster:
             return
         self.registry.abort(str(err).splitlines()[0] if str(err) else type(err).__name__)
         self._stop_nodes(range(len(self.roles)))
+        restarter = self._restarter
+        if restarter is not None and restarter is not threading.current_thread() and restarter.is_alive():
+            restarter.join(timeout=60)  # it sees the failed lifecycle and ends; then stop what it started
+            self._stop_nodes(range(len(self.roles)))
         self._release()
 
     def _release(self) -> None:
@@ -505,7 +666,7 @@ class TFCluster:
             self._progress.close()
             self._progress = None
         summary = self.registry.summary()
-        table, self.timeline_path = prog.end_of_run(self.cluster_id, self.roles, summary, self.feeds.rows_total,
+        table, self.timeline_path = prog.end_of_run(self.config.cluster_id, self.roles, summary, self.feeds.rows_total,
                                                     self.feeds.events, self._timeline_request)
         tracker, self._tracker = self._tracker, None
         if tracker is not None:

@@ -29,6 +29,11 @@ class FeedScheduler:
         self.terminated: set[int] = set()
         self.feed_columns: dict[str, tuple[M.Column, ...]] = {}  # each feed's first columns
 
+    def new_attempt(self) -> None:
+        """Forget which nodes terminated their feeds (a restart starts every node again)."""
+        with self.registry.cond:
+            self.terminated.clear()
+
     def finished_reading(self, i: int) -> bool:
         """Node ``i`` terminated its feed or ended successfully: data for it may be skipped.
         Caller holds the registry's condition."""

@@ -72,7 +72,11 @@ class FeedJobs:
             raise err from None
         return job.result
 
-    def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None) -> int:
+    def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None,
+              epochs_done: list | None = None) -> int:
+        """One feed of ``num_epochs`` epochs. With ``epochs_done`` (restarts allowed) every epoch is
+        its own Spark job and the rows of each completed epoch are appended to it, so the caller
+        knows where a failure interrupted the feed; else one job feeds all epochs."""
         from tfos.executor.feeding import make_train_feeder  # pyarrow: loaded when data is fed, not at import
 
         if not is_dataframe(data) and self.spark.connect:
@@ -80,15 +84,24 @@ class FeedJobs:
         cfg = self.feed_config(qname, feed_timeout, chunk_rows)
         if is_dataframe(data):
             feeder = make_train_feeder(cfg, arrow_input=True)
-            epochs = functools.reduce(lambda a, b: a.unionAll(b), [data] * num_epochs)
-            action = lambda: sum(r[0] for r in epochs.mapInArrow(feeder, "rows long").collect())  # noqa: E731
+
+            def action(times):
+                epochs = functools.reduce(lambda a, b: a.unionAll(b), [data] * times)
+                return sum(r[0] for r in epochs.mapInArrow(feeder, "rows long").collect())
         else:
             feeder = make_train_feeder(cfg, arrow_input=False)
-            epochs = self.spark.repeat(data, num_epochs)
-            action = lambda: sum(epochs.mapPartitionsWithIndex(feeder).collect())  # noqa: E731
+
+            def action(times):
+                return sum(self.spark.repeat(data, times).mapPartitionsWithIndex(feeder).collect())
         t0 = time.monotonic()
         wall0 = time.time()
-        total = self.run(f"tfos feed {cfg.feed_id} ({num_epochs} epochs)", action)
+        if epochs_done is None:
+            total = self.run(f"tfos feed {cfg.feed_id} ({num_epochs} epochs)", lambda: action(num_epochs))
+        else:
+            for e in range(num_epochs):
+                epochs_done.append(self.run(f"tfos feed {cfg.feed_id} (epoch {e + 1} of {num_epochs})",
+                                            lambda: action(1)))
+            total = sum(epochs_done)
         per_node = self.scheduler.take_rows(cfg.feed_id)
         for node, rows in per_node.items():
             self.rows_total[node] = self.rows_total.get(node, 0) + rows

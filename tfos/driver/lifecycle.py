@@ -8,10 +8,13 @@
     RESERVED --shutdown() before start()--> SHUT_DOWN
 
 The first error that fails the cluster is recorded once; every later call re-raises it.
+A restart (``max_restarts``) keeps the phase: the cluster stays RUNNING (or SHUTTING_DOWN) while
+it stops the failed attempt's nodes and starts the next attempt (``restart_refusal`` decides).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import threading
 
@@ -77,3 +80,28 @@ class Lifecycle:
             raise self.error
         if self.phase is not phase:
             raise ClusterStateError(f"cannot {what}: the cluster is {self.phase.value} (expected {phase.value})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One node failure that made tfos restart the cluster (``cluster.restarts``)."""
+
+    time: float  # wall-clock seconds (time.time()) when the driver acted on it
+    attempt: int  # the attempt that failed (0: the first start)
+    node_index: int
+    job_name: str
+    task_index: int
+    host: str
+    cause: str
+
+
+def restart_refusal(failures, restarts_done: int, max_restarts: int) -> str | None:
+    """Pure: why these node failures must end the run instead of restarting it; None to restart."""
+    if max_restarts <= 0:
+        return "restarts are off (max_restarts=0)"
+    fatal = [f for f in failures if not f.retryable]
+    if fatal:
+        return (f"node {fatal[0].node_index} raised NonRetryable or ConfigError, which a restart cannot fix")
+    if restarts_done >= max_restarts:
+        return f"all {max_restarts} restart(s) allowed by max_restarts were used"
+    return None

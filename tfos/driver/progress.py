@@ -103,6 +103,8 @@ class ProgressMonitor:
             post["ex/s"] = f"{eps:.0f}"
         if rows and steps:
             post["rows fed"] = rows
+        if self.cluster.attempt:
+            post["attempt"] = self.cluster.attempt  # after a restart (max_restarts)
         self._bar.set_postfix(post, refresh=True)
 
     def _loop(self) -> None:

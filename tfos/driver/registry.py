@@ -94,6 +94,37 @@ class NodeRegistry:
             self.abort_reason = self.abort_reason or reason
             self.cond.notify_all()
 
+    def exit_failure(self, i: int) -> NodeFailure:
+        """The failure that node ``i``'s exit report describes. Caller holds the condition."""
+        n, msg = self.nodes[i], self.nodes[i].exited
+        reason = ("the TF process raised an exception" if msg.traceback else
+                  f"TF process exited with code {msg.exit_code}" +
+                  (f" (killed by signal {-msg.exit_code})" if msg.exit_code < 0 else ""))
+        if msg.reason:
+            reason += f"; the node agent stopped it: {msg.reason}"
+        return NodeFailure(i, n.job_name, n.task_index, self.host_of(i), reason, msg.exit_code, msg.traceback,
+                           msg.log_tail, msg.log_path, retryable=msg.retryable)
+
+    def ended_on_their_own(self) -> list[NodeFailure]:
+        """Nodes that failed by themselves after the first failure made the driver stop them all
+        (a peer killed mid-collective: the survivor's exception can arrive first). Caller holds
+        the condition."""
+        known = {f.node_index for f in self.failures}
+        return [self.exit_failure(i) for i, n in sorted(self.nodes.items())
+                if i not in known and n.exited is not None and n.agent is not None
+                and not n.exited.stopped_by_driver and (n.exited.exit_code != 0 or n.exited.reason)]
+
+    def new_attempt(self, cluster_id: str) -> None:
+        """Forget the nodes of the previous attempt (a restart): fresh node states under a new
+        cluster id, so the control service refuses whatever the old attempt's processes still send."""
+        with self.cond:
+            self.cluster_id = cluster_id
+            self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(self.roles)}
+            self.failures = []
+            self.abort_reason = None
+            self.backend_config = None
+            self.cond.notify_all()
+
     def request_stop(self, which) -> None:
         with self.cond:
             for i in which:
@@ -175,13 +206,7 @@ class NodeRegistry:
             if n.exited is None:
                 n.exited = msg
                 if (msg.exit_code != 0 or msg.reason) and not (msg.stopped_by_driver or n.stop):
-                    reason = ("the TF process raised an exception" if msg.traceback else
-                              f"TF process exited with code {msg.exit_code}" +
-                              (f" (killed by signal {-msg.exit_code})" if msg.exit_code < 0 else ""))
-                    if msg.reason:
-                        reason += f"; the node agent stopped it: {msg.reason}"
-                    self.fail(NodeFailure(msg.node_index, n.job_name, n.task_index, self.host_of(msg.node_index),
-                                          reason, msg.exit_code, msg.traceback, msg.log_tail, msg.log_path))
+                    self.fail(self.exit_failure(msg.node_index))
                 self.cond.notify_all()
         return M.Ack()
 

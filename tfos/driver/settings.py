@@ -12,7 +12,7 @@ from tfos.topology import InputMode
 
 
 def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout, input_mode,
-                     num_gpus) -> None:
+                     num_gpus, max_restarts=0) -> None:
     """Pure: reject bad arguments before any Spark job starts. Messages say what to change."""
     if not isinstance(num_executors, int) or isinstance(num_executors, bool) or num_executors < 1:
         raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")
@@ -32,6 +32,8 @@ def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_
         raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
     if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 0:
         raise ConfigError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise ConfigError(f"max_restarts must be an int >= 0 (0: a node failure ends the run), got {max_restarts!r}")
 
 
 def seconds(name: str, value, allow_zero: bool = False) -> float:

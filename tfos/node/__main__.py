@@ -7,7 +7,7 @@ import os
 import sys
 import traceback
 
-from tfos.errors import TFOSError
+from tfos.errors import NONRETRYABLE_FILE, ConfigError, NonRetryable, TFOSError
 from tfos.host import processes
 from tfos.node.runtime import run_node
 from tfos.wire import messages as M
@@ -28,10 +28,10 @@ def main() -> None:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:
             _write_error(cfg, traceback.format_exc())
-    except BaseException:
+    except BaseException as e:
         tb = traceback.format_exc()
         sys.stderr.write(tb)
-        _write_error(cfg, tb)
+        _write_error(cfg, tb, retryable=not isinstance(e, (NonRetryable, ConfigError)))
         code = 1
     finally:
         sys.stdout.flush()
@@ -40,10 +40,14 @@ def main() -> None:
     os._exit(code)
 
 
-def _write_error(cfg: M.NodeConfig, tb: str) -> None:
+def _write_error(cfg: M.NodeConfig, tb: str, retryable: bool = True) -> None:
+    """``error.txt``: the traceback; ``nonretryable``: present when a restart cannot help."""
     try:
         with open(os.path.join(cfg.node_dir, "error.txt"), "w") as f:
             f.write(tb)
+        if not retryable:
+            with open(os.path.join(cfg.node_dir, NONRETRYABLE_FILE), "w") as f:
+                f.write("main_fun raised NonRetryable or ConfigError\n")
     except OSError:
         pass
 

@@ -17,7 +17,9 @@ class NodeContext:
     Attributes: ``job_name``, ``task_index``, ``node_index`` (== ``executor_id`` == ``worker_num``),
     ``rank`` / ``num_workers`` (index / count among chief+workers; None for ps/evaluator),
     ``num_nodes``, ``nodes``, ``cluster_spec``, ``tf_config``, ``gpus``, ``host``, ``defaultFS``,
-    ``working_dir``, ``log_dir``, ``input_mode``, ``mgr`` (the feed hub in InputMode.SPARK).
+    ``working_dir``, ``log_dir``, ``input_mode``, ``mgr`` (the feed hub in InputMode.SPARK),
+    ``attempt`` (0, or k after the k-th restart: ``max_restarts``) and ``checkpoint_dir`` (the
+    same on every attempt: restore from it).
     """
 
     def __init__(self, cfg: NodeConfig, nodes: tuple[NodeInfo, ...], held_port: socket.socket | None,
@@ -44,6 +46,8 @@ class NodeContext:
         self.working_dir = cfg.working_dir
         self.node_dir = cfg.node_dir  # this node's private directory on the executor host (0700)
         self.log_dir = cfg.cluster.log_dir
+        self.attempt = cfg.cluster.attempt  # 0 on the first start, k after the k-th restart (max_restarts)
+        self.checkpoint_dir = cfg.cluster.checkpoint_dir  # the same on every attempt: restore from it
         self.input_mode = topology.InputMode(cfg.cluster.input_mode)
         self.mgr = hub
         self.tmp_socket = held_port

@@ -187,6 +187,8 @@ class ClusterConfig:
     report_interval: float = 1.0
     metric_history: bool = False  # ship every ctx.report() call (the MLflow run logs them), not just the latest
     feed_queue_chunks: int = 4
+    attempt: int = 0  # 0 on the first start, k after the k-th restart (max_restarts)
+    checkpoint_dir: str = ""  # ctx.checkpoint_dir: the same on every attempt
 
 
 @message
@@ -272,6 +274,7 @@ class NodeExited:  # agent -> driver
     log_path: str
     stopped_by_driver: bool = False
     reason: str = ""  # why the agent stopped the TF process on its own (JVM gone, driver lost, signal)
+    retryable: bool = True  # False: main_fun raised NonRetryable/ConfigError (a restart would not help)
 
 
 @message

@@ -1,0 +1,146 @@
+"""Restarts (max_restarts) on the shared local-cluster: a failed node makes tfos stop every node
+and start them all again from main_fun, which resumes from ctx.checkpoint_dir."""
+
+import collections
+import json
+import os
+import signal
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tfos import InputMode, NonRetryable
+from tfos.errors import NodeFailedError, ReservationTimeoutError
+from tfos.testing import wait_for
+
+
+@pytest.mark.slow
+def test_mwms_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster, tmp_path):
+    import digits_tf
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    info = digits_tf.prepare_shards(str(data))
+    # 30 epochs of 21 steps: long enough (several seconds) for the kill to land mid-training
+    args = SimpleNamespace(data_dir=str(data), output_dir=str(out), epochs=30, batch_size=32, learning_rate=0.01,
+                           train_rows=info["train_rows"], checkpoint_every=5)
+    planned = args.epochs * (info["train_rows"] // 64)
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=1, stop_grace_secs=2, report_interval=0.2,
+                           checkpoint_dir=str(tmp_path / "ckpt"))
+    cluster.start(digits_tf.main_fun, args, input_mode=InputMode.TENSORFLOW)
+    assert wait_for(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= planned // 2, 600,
+                    interval=0.02)
+    os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+    cluster.shutdown(timeout=900)
+
+    # the killed node is among the causes (its peer's collective may have failed first)
+    assert cluster.attempt == 1 and {r.attempt for r in cluster.restarts} == {0}
+    assert any(r.node_index == 1 and "killed by signal 9" in r.cause for r in cluster.restarts), cluster.restarts
+    ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["attempt"] == 1 for r in ranks)
+    assert all(r["steps"] == planned for r in ranks)  # the planned count, not planned plus a redo
+    assert all(planned // 2 - 10 <= r["resumed_from"] < planned for r in ranks), ranks  # from the checkpoint
+    result = json.loads((out / "result.json").read_text())
+    assert result["accuracy"] >= 0.9 and result["attempt"] == 1
+    w0, w1 = np.load(out / "weights-rank0.npz"), np.load(out / "weights-rank1.npz")
+    for k in w0.files:
+        np.testing.assert_array_equal(w0[k], w1[k])
+
+
+def read_ids_slowly(args, ctx):
+    """Report how many rows this node read; write the ids it read in this attempt at the end."""
+    feed = ctx.get_data_feed(train_mode=True)
+    ids = []
+    for batch_ids, _x in feed.batches(10):
+        ids.extend(int(i) for i in batch_ids)
+        ctx.report(rows=len(ids))
+        time.sleep(0.05)
+    with open(os.path.join(args, f"ids-{ctx.node_index}-attempt{ctx.attempt}.json"), "w") as f:
+        json.dump(ids, f)
+
+
+def test_spark_feed_node_killed_in_epoch_2_feeds_that_epoch_again(tfos_cluster, spark, tmp_path):
+    n = 3000
+    df = spark.range(0, n, 1, 6).selectExpr("id", "cast(id as float) as x")
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2)
+    cluster.start(read_ids_slowly, str(tmp_path), input_mode=InputMode.SPARK)
+
+    def kill_in_epoch_2():
+        if wait_for(lambda: sum(m.get("rows", 0) for m in cluster.metrics().values()) >= 1.3 * n, 300):
+            os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_in_epoch_2, daemon=True)
+    killer.start()
+    fed = cluster.train(df, num_epochs=3, chunk_rows=100)
+    killer.join()
+    cluster.shutdown(timeout=120)
+
+    assert [r.node_index for r in cluster.restarts] == [1] and cluster.attempt == 1
+    assert fed == 3 * n  # epoch 1 before the failure, epochs 2 and 3 after it
+    final = [json.loads((tmp_path / f"ids-{i}-attempt1.json").read_text()) for i in range(2)]
+    counts = collections.Counter(final[0] + final[1])
+    assert set(counts) == set(range(n)) and set(counts.values()) == {2}  # the epochs fed after the restart
+
+
+def fail_every_time(args, ctx):
+    if ctx.node_index == 1:
+        if args == "nonretryable":
+            raise NonRetryable("row 17 of the input is not a digit image")
+        raise RuntimeError(f"transient failure in attempt {ctx.attempt}")
+    time.sleep(600)
+
+
+def test_restarts_exhausted_raise_every_attempts_failure(tfos_cluster):
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2)
+    cluster.start(fail_every_time, None)
+    with pytest.raises(NodeFailedError) as exc:
+        cluster.shutdown()
+    assert [(f.node_index, f.attempt) for f in exc.value.failures] == [(1, 0), (1, 1)]
+    text = str(exc.value)
+    assert "transient failure in attempt 0" in text and "transient failure in attempt 1" in text
+    assert len(cluster.restarts) == 1
+
+
+def test_non_retryable_failure_is_not_restarted(tfos_cluster):
+    cluster = tfos_cluster(2, 0, max_restarts=3, restart_backoff=0, stop_grace_secs=2)
+    cluster.start(fail_every_time, "nonretryable")
+    t0 = time.monotonic()
+    with pytest.raises(NodeFailedError, match="row 17 of the input") as exc:
+        cluster.shutdown()
+    assert time.monotonic() - t0 < 30
+    assert len(exc.value.failures) == 1 and not exc.value.failures[0].retryable
+    assert cluster.restarts == [] and cluster.attempt == 0
+
+
+def wait_for_feed(args, ctx):
+    for _ in ctx.get_data_feed(train_mode=True).batches(10):
+        pass
+
+
+def test_slots_taken_while_restarting_raise_reservation_timeout(tfos_cluster, sc):
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2, reservation_timeout=10)
+    cluster.start(wait_for_feed, None, input_mode=InputMode.SPARK)
+
+    def occupy_both_slots():  # another job takes the executors the restart needs
+        sc.setJobGroup("tfos-test-blocker", "holds both slots", interruptOnCancel=True)
+        try:
+            sc.parallelize(range(2), 2).foreach(lambda _: __import__("time").sleep(120))
+        except Exception:
+            pass
+
+    blocker = threading.Thread(target=occupy_both_slots, daemon=True)
+    blocker.start()
+    try:
+        assert wait_for(lambda: len(sc.statusTracker().getActiveJobsIds()) >= 1, 30)
+        time.sleep(2)
+        os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+        assert wait_for(lambda: bool(cluster.registry.failures), 60)
+        t0 = time.monotonic()
+        with pytest.raises(ReservationTimeoutError, match="reservation_timeout"):
+            cluster.train(sc.parallelize([(1.0,)] * 10, 2))
+        assert time.monotonic() - t0 < 10 + 40
+    finally:
+        sc.cancelJobGroup("tfos-test-blocker")
+        blocker.join(30)

@@ -1,0 +1,106 @@
+"""Restart time: from a TF process SIGKILLed mid-training to the new attempt's first training
+step (max_restarts=1), against its reference, a fresh cluster's reserve -> first step (what a user
+does by hand without restarts), in the same run on local-cluster[2,1,1024].
+
+    python bench/restart.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main_fun(args, ctx):
+    """MWMS steps on a small model; reports the wall time of this attempt's first step."""
+    import keras
+    import tensorflow as tf
+
+    strategy = ctx.strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+        opt = keras.optimizers.SGD(0.01)
+
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+        return strategy.run(replica, args=(x, y))
+
+    x, y = tf.random.uniform((32, 64)), tf.zeros((32,), tf.int64)
+    step(x, y)
+    ctx.report(first_step_time=time.time(), attempt=ctx.attempt, step=1)
+    for i in range(2, args + 1):
+        step(x, y)
+        if i % 20 == 0:
+            ctx.report(step=i)
+        time.sleep(0.01)
+
+
+def wait(pred, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise TimeoutError("benchmark step timed out")
+
+
+def first_step(cluster, attempt):
+    return wait(lambda: next((m["first_step_time"] for m in cluster.metrics().values()
+                              if m.get("attempt") == attempt and "first_step_time" in m), None), 300)
+
+
+def one_run(sc):
+    from tfos import InputMode, TFCluster
+
+    t0 = time.time()
+    cluster = TFCluster.run(sc, main_fun, 100000, 2, 0, input_mode=InputMode.TENSORFLOW, master_node="chief",
+                            max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2,
+                            progress=False)
+    try:
+        fresh = first_step(cluster, 0) - t0
+        wait(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= 40, 300)
+        t_kill = time.time()
+        os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+        restarted = first_step(cluster, 1) - t_kill
+        noticed = cluster.restarts[0].time - t_kill
+    finally:
+        cluster._abort(__import__("tfos").TFOSError("benchmark done"))
+    return fresh, restarted, noticed
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from tfos.testing import local_cluster_session
+
+    spark = local_cluster_session(2, app_name="tfos-bench-restart")
+    spark.sparkContext.setLogLevel("ERROR")
+    rows = [one_run(spark.sparkContext) for _ in range(args.runs)]
+    spark.stop()
+    print("| run | fresh start: reserve -> first step (s) | restart: SIGKILL -> first step of attempt 1 (s) | "
+          "SIGKILL -> driver acts (s) | restart / fresh |")
+    print("|---:|---:|---:|---:|---:|")
+    for i, (fresh, restarted, noticed) in enumerate(rows, 1):
+        print(f"| {i} | {fresh:.1f} | {restarted:.1f} | {noticed:.1f} | {restarted / fresh:.2f} |")
+    med = [statistics.median(c) for c in zip(*rows)]
+    print(f"| median | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | {med[1] / med[0]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,8 @@ from tfos import InputMode, NonRetryable
 from tfos.errors import NodeFailedError, ReservationTimeoutError
 from tfos.testing import wait_for
 
+from restart_programs import checkpointed_steps
+
 
 @pytest.mark.slow
 def test_mwms_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster, tmp_path):
@@ -144,3 +146,23 @@ def test_slots_taken_while_restarting_raise_reservation_timeout(tfos_cluster, sc
     finally:
         sc.cancelJobGroup("tfos-test-blocker")
         blocker.join(30)
+
+
+def test_executor_jvm_killed_restarts_on_the_executor_spark_puts_in_its_place(tfos_cluster, tmp_path):
+    """The executor JVM of node 1 dies: its agent stops the TF process, the driver restarts the
+    cluster once the standalone worker has started a replacement executor."""
+    import psutil
+
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=1, stop_grace_secs=2, report_interval=0.2,
+                           checkpoint_dir=str(tmp_path / "ckpt"), reservation_timeout=180)
+    cluster.start(checkpointed_steps, {"steps": 200, "out": str(tmp_path)}, input_mode=InputMode.TENSORFLOW)
+    assert wait_for(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= 40, 300)
+    proc = psutil.Process(cluster.registry.nodes[1].agent.agent_pid)
+    jvm = next(p for p in proc.parents() if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline()))
+    jvm.kill()
+    cluster.shutdown(timeout=600)
+
+    assert cluster.attempt == 1 and cluster.restarts
+    ranks = [json.loads((tmp_path / f"attempt-rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["attempt"] == 1 and r["steps"] == 200 and 35 <= r["resumed_from"] < 200 for r in ranks), ranks
+    assert ranks[0]["weights"] == ranks[1]["weights"]

@@ -132,6 +132,6 @@ def test_unreachable_driver_address_fails_at_start_naming_spark_driver_host(mh_s
         pytest.skip("this machine has no address outside the test subnet")
     monkeypatch.setenv("TFOS_SERVER_HOST", own[0].split("/")[0])
     t0 = time.monotonic()
-    with pytest.raises(TFOSError, match="cannot reach the driver at that address: set spark.driver.host"):
+    with pytest.raises(TFOSError, match=r"cannot reach the driver at that address: set TFOS_SERVER_HOST \(or spark.driver.host"):
         TFCluster.run(mh_spark.sparkContext, gpu_main, None, 2, 0, reservation_timeout=60)
     assert time.monotonic() - t0 < 90

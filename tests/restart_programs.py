@@ -1,0 +1,52 @@
+"""main_funs of the restart tests, shared by the local-cluster suite (tests/integration) and the
+multi-host suite (tests/multihost)."""
+
+import json
+import os
+import tempfile
+import time
+
+
+def checkpointed_steps(args, ctx):
+    """MWMS training steps up to ``args['steps']``, checkpointed every 5 steps in
+    ctx.checkpoint_dir and restored from it on a restart; each rank writes what it did."""
+    import keras
+    import tensorflow as tf
+
+    strategy = ctx.strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8)])
+        opt = keras.optimizers.SGD(0.01)
+        opt.build(model.trainable_variables)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    save_dir = ctx.checkpoint_dir if ctx.is_chief else tempfile.mkdtemp(prefix="ckpt-")
+    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
+    latest = tf.train.latest_checkpoint(ctx.checkpoint_dir)
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
+    resumed_from = int(opt.iterations.numpy())
+
+    @tf.function
+    def step(x):
+        def replica(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x)))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        strategy.run(replica, args=(x,))
+
+    x = tf.ones((4, 16))
+    first = None
+    while int(opt.iterations.numpy()) < args["steps"]:
+        step(x)
+        i = int(opt.iterations.numpy())
+        if first is None:
+            first = time.time()
+            ctx.report(first_step_time=first, attempt=ctx.attempt)
+        if i % 5 == 0:
+            manager.save(checkpoint_number=i)
+            ctx.report(step=i)
+        time.sleep(0.05)
+    with open(os.path.join(args["out"], f"attempt-rank{ctx.rank}.json"), "w") as f:
+        json.dump({"attempt": ctx.attempt, "resumed_from": resumed_from, "steps": int(opt.iterations.numpy()),
+                   "first_step_time": first, "host": ctx.host,
+                   "weights": [w.numpy().tolist() for w in model.weights]}, f)

@@ -166,3 +166,39 @@ def test_executor_jvm_killed_restarts_on_the_executor_spark_puts_in_its_place(tf
     ranks = [json.loads((tmp_path / f"attempt-rank{r}.json").read_text()) for r in range(2)]
     assert all(r["attempt"] == 1 and r["steps"] == 200 and 35 <= r["resumed_from"] < 200 for r in ranks), ranks
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+def answer_slowly(args, ctx):
+    """Inference: answer each id with id * 2 and the attempt, reporting rows answered."""
+    feed = ctx.get_data_feed(train_mode=False)
+    answered = 0
+    while not feed.should_stop():
+        rows = feed.next_batch(10)
+        if rows:
+            feed.batch_results([[float(r[0]) * 2, float(ctx.attempt)] for r in rows])
+            answered += len(rows)
+            ctx.report(rows=answered)
+            time.sleep(0.02)
+
+
+def test_inference_losing_a_node_fails_with_its_error_then_runs_on_the_restarted_cluster(tfos_cluster, spark):
+    n = 2000
+    df = spark.range(0, n, 1, 4)
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2)
+    cluster.start(answer_slowly, None, input_mode=InputMode.SPARK)
+
+    def kill_mid_job():
+        if wait_for(lambda: sum(m.get("rows", 0) for m in cluster.metrics().values()) >= n // 4, 300):
+            os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_mid_job, daemon=True)
+    killer.start()
+    with pytest.raises(Exception, match="killed by signal 9"):  # never a short result
+        cluster.inference(df, chunk_rows=50, output_type="array<double>").collect()
+    killer.join()
+
+    rows = cluster.inference(df, chunk_rows=50, output_type="array<double>").collect()  # restarts first
+    assert cluster.attempt == 1 and [r.node_index for r in cluster.restarts] == [1]
+    assert sorted(r.id for r in rows) == list(range(n))
+    assert all(r.prediction == [2.0 * r.id, 1.0] for r in rows)
+    cluster.shutdown(timeout=120)

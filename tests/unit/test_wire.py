@@ -221,3 +221,19 @@ def test_get_node_failure_answers_with_the_nodes_error_or_nothing():
     assert "node 1 (worker:1 on h)" in text and "killed by signal 9" in text
     with pytest.raises(ProtocolError):
         reg.on_get_node_failure(M.GetNodeFailure("c", 7, 0))
+
+
+def test_registry_names_the_silent_nodes_until_the_monitor_decides():
+    import time
+
+    from tfos.driver.registry import NodeRegistry
+
+    reg = NodeRegistry("c", [("chief", 0), ("worker", 0), ("worker", 1)])
+    for i in (0, 1):  # node 2's agent never started: not silent, just not there
+        reg.on_agent_started(M.AgentStarted("c", i, "h", 100 + i, 200 + i, "/l"))
+    assert reg.silent(0.2) == []
+    time.sleep(0.3)
+    reg.on_heartbeat(M.Heartbeat("c", 0))
+    assert reg.silent(0.2) == [1]
+    reg.check_heartbeats(0.2)  # the verdict: node 1 lost; no longer pending
+    assert [f.node_index for f in reg.failures] == [1] and reg.silent(0.2) == []

@@ -64,13 +64,26 @@ class FeedJobs:
             self.check_failed()
         job.thread.join()
         if job.error is not None:
-            with reg.cond:  # a dead node usually explains a failed feed: give its exit report a moment
-                reg.cond.wait_for(lambda: bool(reg.failures), timeout=3.0)
+            self._await_node_verdict()
             self.check_failed()
             err = remote_error(job.error) or TFOSError(f"the feeding Spark job failed: {_first_line(job.error)}")
             self.abort(err)  # a broken feed leaves nodes waiting for data: stop them; later calls re-raise
             raise err from None
         return job.result
+
+    def _await_node_verdict(self) -> None:
+        """A dead or unreachable node usually explains a failed feed (and Spark's retry of a feeding
+        task then fails with a retry refusal that says less). Give a dead node's exit report a
+        moment; while some node is silent (a cut network, a lost host) wait for the heartbeat
+        monitor's verdict on it, up to heartbeat_timeout."""
+        reg, c = self.registry, self.cluster
+        with reg.cond:
+            reg.cond.wait_for(lambda: bool(reg.failures), timeout=3.0)
+        deadline = time.monotonic() + c.heartbeat_timeout + 2 * c.heartbeat_interval
+        quiet = 3 * c.heartbeat_interval
+        while not reg.failures and reg.silent(quiet) and time.monotonic() < deadline:
+            with reg.cond:
+                reg.cond.wait(0.2)
 
     def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None,
               epochs_done: list | None = None) -> int:

@@ -249,6 +249,14 @@ class NodeRegistry:
                                           "are merely overloaded"))
                     n.exited = M.NodeExited(self.cluster_id, i, -1, "", "", "", False)
 
+    def silent(self, quiet_for: float) -> list[int]:
+        """Running nodes whose agent has not been heard from for ``quiet_for`` seconds: their
+        verdict (alive again, or lost at heartbeat_timeout) is still to come."""
+        now = time.monotonic()
+        with self.cond:
+            return [i for i, n in self.nodes.items()
+                    if n.agent and n.exited is None and now - n.last_heartbeat > quiet_for]
+
     # -- reporting
     def metrics(self) -> dict[int, dict]:
         with self.cond:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import socket
 import threading
 
@@ -20,6 +21,8 @@ from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolErro
 from tfos.wire import arrow
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient, FeedClient
+
+logger = logging.getLogger(__name__)
 
 TARGET_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -224,12 +227,34 @@ def _node_failure(cfg: M.FeedConfig, node: int) -> str:
     return ("The node's failure: " + text) if text else "Its TF process may have died; the driver reports its log."
 
 
+def _inference_retry_check(cfg: M.FeedConfig, partition: int, node: int) -> None:
+    """Spark retries a failed inference task: Spark keeps only the output of the attempt that
+    succeeds, so answering the partition again is exact once its node is alive. A failed node
+    cannot answer it: say so with the node's own error, which Spark then reports for the job."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None or tc.attemptNumber() == 0:
+        return
+    try:
+        text = DriverClient.for_feed(cfg).node_failure(node, wait=2.0)
+    except (TFOSError, OSError) as e:
+        raise FeedError(f"inference on partition {partition}: a retry cannot reach the driver ({e})") from None
+    if text:
+        raise FeedError(f"inference on partition {partition}: node {node} failed, so the partition cannot be "
+                        f"answered (run inference again after the cluster restarts). The node's failure: {text}")
+    logger.info("inference on partition %d: retry %d answers the partition again", partition, tc.attemptNumber())
+
+
 def _infer(cfg: M.FeedConfig, partition: int, chunks):
     """Stream one partition to its node and yield the result batches, in input order."""
-    _guard_retry(f"inference on partition {partition}")
     node = cfg.feed_nodes[partition % len(cfg.feed_nodes)]
+    _inference_retry_check(cfg, partition, node)
     sender = _Sender(cfg, partition, train=False)
-    client = sender.client(node)
+    try:
+        client = sender.client(node)
+    except _SendFailed as e:
+        raise FeedError(f"{e}. " + _node_failure(cfg, node)) from None
     errors: list[BaseException] = []
 
     def send_all():

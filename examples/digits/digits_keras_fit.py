@@ -6,7 +6,10 @@
   ``BroadcastInitialWeights`` makes every rank start from rank 0's weights.
 * ``--keras 2``: tf_keras (``TF_USE_LEGACY_KERAS=1``) ``fit`` inside MultiWorkerMirroredStrategy.
 
-    python examples/digits/digits_keras_fit.py [--keras 2] [--compression fp16]
+    python examples/digits/digits_keras_fit.py [--keras 2] [--compression fp16] [--max-restarts 2]
+
+Each epoch is backed up in ctx.checkpoint_dir (``BackupAndRestore``); after a node failure with
+``--max-restarts``, every node starts again and ``fit`` resumes at the epoch after the last backup.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import numpy as np
 
 def main_fun(args, ctx):
     import digits_tf
+
+    backup_dir = ctx.absolute_path(ctx.checkpoint_dir)
+    epochs_run = []  # the epochs this attempt trained (a restart resumes after the last backup)
 
     files = sorted(glob.glob(os.path.join(args.data_dir, "train-*.csv")))
     x, y = digits_tf.load_csv(files[ctx.rank::ctx.num_workers])
@@ -44,8 +50,9 @@ def main_fun(args, ctx):
         model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
         model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0,
-                  callbacks=[keras_dist.BroadcastInitialWeights(0), keras_dist.MetricAverageCallback(),
-                             callbacks.progress(ctx, keras_module=keras)])
+                  callbacks=[keras_dist.BackupAndRestore(backup_dir), keras_dist.BroadcastInitialWeights(0),
+                             keras_dist.MetricAverageCallback(), callbacks.progress(ctx, keras_module=keras),
+                             keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, _logs: epochs_run.append(e))])
     else:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
         import tensorflow as tf
@@ -61,13 +68,16 @@ def main_fun(args, ctx):
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=0).batch(args.batch_size).with_options(options)
-        model.fit(ds, epochs=args.epochs, verbose=0, callbacks=[callbacks.progress(ctx)])
+        model.fit(ds, epochs=args.epochs, verbose=0,
+                  callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir.replace("file://", "", 1)),
+                             callbacks.progress(ctx),
+                             tf.keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, _logs: epochs_run.append(e))])
     xt, yt = digits_tf.load_csv([os.path.join(args.data_dir, "test.csv")])
     acc = float(np.mean(np.argmax(model.predict(xt, verbose=0), axis=1) == yt))
     np.savez(os.path.join(args.output_dir, f"weights-rank{ctx.rank}.npz"), *model.get_weights())
     if ctx.is_chief:
         with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-            json.dump({"accuracy": acc}, f)
+            json.dump({"accuracy": acc, "attempt": ctx.attempt, "epochs_run": epochs_run}, f)
 
 
 def main(argv=None, spark=None) -> float:
@@ -79,6 +89,8 @@ def main(argv=None, spark=None) -> float:
     p.add_argument("--learning-rate", type=float, default=0.01)
     p.add_argument("--compression", choices=("fp16",), default=None)
     p.add_argument("--output-dir", default=None)
+    p.add_argument("--max-restarts", type=int, default=0, help="restart all nodes from the last backup after a "
+                   "node failure, up to this many times")
     args = p.parse_args(argv)
     import digits_tf
     from tfos import TFCluster
@@ -91,7 +103,7 @@ def main(argv=None, spark=None) -> float:
     args.rows_per_rank = digits_tf.prepare_shards(args.data_dir)["train_rows"] // 2 - 40
     own = spark is None
     spark = spark or example_session(2, app_name="tfos-digits-fit")
-    cluster = TFCluster.reserve(spark.sparkContext, 2, 0)
+    cluster = TFCluster.reserve(spark.sparkContext, 2, 0, max_restarts=args.max_restarts)
     cluster.start(main_fun, args)
     cluster.shutdown(timeout=600)
     if own:

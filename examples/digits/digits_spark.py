@@ -5,6 +5,7 @@ RDD of predictions), and the predictions are written out.
 
     python examples/digits/digits_spark.py --source dataframe     # or --source rdd
     python examples/digits/digits_spark.py --remote local-cluster  # over Spark Connect (or sc://host:15002)
+    python examples/digits/digits_spark.py --max-restarts 2        # survive node failures: resume from checkpoints
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ def main_fun(args, ctx):
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
                                   keras.layers.Dense(10)])
         optimizer = keras.optimizers.Adam(args.learning_rate)
+        optimizer.build(model.trainable_variables)  # its slots exist before a checkpoint restores them
+
+    # Checkpoints in ctx.checkpoint_dir (the same on every attempt). After a restart (max_restarts)
+    # the model resumes from the last one, and train() feeds the interrupted epoch again in full.
+    # Every worker saves (MWMS needs all of them); only the chief's copy goes to checkpoint_dir.
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    ckpt_dir = ctx.absolute_path(ctx.checkpoint_dir).replace("file://", "")
+    save_dir = ckpt_dir if ctx.is_chief else tempfile.mkdtemp(prefix=f"ckpt-rank{ctx.rank}-")
+    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
+    latest = tf.train.latest_checkpoint(ckpt_dir)
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
+    print(f"node {ctx.node_index} attempt {ctx.attempt}: starting at step {int(optimizer.iterations)}", flush=True)
+    every = getattr(args, "checkpoint_every", 50)
 
     def step(x, y):
         with tf.GradientTape() as tape:
@@ -53,7 +68,9 @@ def main_fun(args, ctx):
             loss = train_step(batch)
             steps += 1
             if steps % 50 == 0:
-                ctx.report(step=steps, loss=float(loss))
+                ctx.report(step=steps, loss=float(loss), attempt=ctx.attempt)
+            if every and int(optimizer.iterations) % every == 0:
+                manager.save(checkpoint_number=int(optimizer.iterations))
         print(f"node {ctx.node_index}: trained {steps} steps, {feed.rows_read} rows of this feed", flush=True)
 
     # Inference: answer every fed row with the predicted class, until the cluster shuts down.
@@ -82,6 +99,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--learning-rate", type=float, default=0.01)
     p.add_argument("--output-dir", default=None, help="where predictions are written")
+    p.add_argument("--max-restarts", type=int, default=0, help="restart all nodes from the last checkpoint "
+                   "after a node failure, up to this many times")
     p.add_argument("--remote", default=None, help="run over Spark Connect: sc://host:15002, or local-cluster for an "
                    "embedded Connect server (DataFrames only: --source dataframe)")
     return p.parse_args(argv)
@@ -106,7 +125,7 @@ def main(argv=None, spark=None) -> float:
     else:
         train = spark.sparkContext.parallelize(list(zip(xtr, ytr.tolist())), 6)
     cluster = TFCluster.run(spark, main_fun, args, args.num_executors, 0, input_mode=InputMode.SPARK,
-                            master_node="chief")
+                            master_node="chief", max_restarts=args.max_restarts)
     try:
         cluster.train(train, num_epochs=args.epochs)
         if args.source == "dataframe":

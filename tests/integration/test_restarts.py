@@ -202,3 +202,34 @@ def test_inference_losing_a_node_fails_with_its_error_then_runs_on_the_restarted
     assert sorted(r.id for r in rows) == list(range(n))
     assert all(r.prediction == [2.0 * r.id, 1.0] for r in rows)
     cluster.shutdown(timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keras_version", ["3", "2"])
+def test_keras_fit_killed_mid_training_resumes_at_the_epoch_after_its_backup(tfos_cluster, tmp_path, keras_version):
+    """Keras 3 through tfos.keras_dist (rank 0's BackupAndRestore, restored on every rank) and
+    tf_keras fit under MWMS (tf.keras.callbacks.BackupAndRestore)."""
+    import digits_keras_fit
+    import digits_tf
+
+    epochs = 16
+    args = SimpleNamespace(keras=keras_version, epochs=epochs, batch_size=32, learning_rate=0.01, compression=None,
+                           data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "out"))
+    os.makedirs(args.output_dir)
+    args.rows_per_rank = digits_tf.prepare_shards(args.data_dir)["train_rows"] // 2 - 40
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=1, stop_grace_secs=2, report_interval=0.2,
+                           checkpoint_dir=str(tmp_path / "ckpt"))
+    cluster.start(digits_keras_fit.main_fun, args)
+    assert wait_for(lambda: min(m.get("epoch", 0) for m in cluster.metrics().values()) >= epochs // 2, 600,
+                    interval=0.05)
+    os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+    cluster.shutdown(timeout=900)
+
+    assert cluster.attempt == 1 and any(r.node_index == 1 for r in cluster.restarts), cluster.restarts
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["attempt"] == 1 and result["accuracy"] >= 0.9, result
+    resumed = result["epochs_run"][0]
+    assert epochs // 2 - 2 <= resumed < epochs and result["epochs_run"] == list(range(resumed, epochs)), result
+    w0, w1 = np.load(tmp_path / "out" / "weights-rank0.npz"), np.load(tmp_path / "out" / "weights-rank1.npz")
+    for k in w0.files:
+        np.testing.assert_array_equal(w0[k], w1[k])

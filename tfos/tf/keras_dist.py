@@ -532,20 +532,40 @@ def _make_callbacks():
                 for k, a in zip(keys, allreduce(vals, average=True).numpy()):
                     logs[k] = float(a)
 
-    for cls in (BroadcastInitialWeights, MetricAverageCallback):
+    class BackupAndRestore(keras.callbacks.BackupAndRestore):
+        """``keras.callbacks.BackupAndRestore`` for keras_dist training, for restarts
+        (``max_restarts``): only ``root_rank`` writes the backup, to ``backup_dir`` (give
+        ``ctx.checkpoint_dir``, which every node reads), and every rank restores from it when
+        ``fit`` begins, so all ranks resume at the same epoch with the same weights and optimizer
+        state. Per-rank backups could stop at different epochs when a rank dies mid-save, and
+        ranks resuming at different epochs would wait for each other in the all-reduce forever.
+        The backup is kept after ``fit`` (``delete_checkpoint=False``): a restart after ``fit``
+        ended resumes with nothing left to train."""
+
+        def __init__(self, backup_dir, save_freq="epoch", root_rank: int = 0, double_checkpoint: bool = True):
+            super().__init__(str(backup_dir).replace("file://", "", 1), save_freq=save_freq,
+                             double_checkpoint=double_checkpoint, delete_checkpoint=False)
+            self.root_rank = root_rank
+
+        def _save_model(self):
+            if _state.rank == self.root_rank:
+                super()._save_model()
+
+    for cls in (BroadcastInitialWeights, MetricAverageCallback, BackupAndRestore):
         cls.__module__ = __name__
         cls.__qualname__ = cls.__name__
-    return {"BroadcastInitialWeights": BroadcastInitialWeights, "MetricAverageCallback": MetricAverageCallback}
+    return {"BroadcastInitialWeights": BroadcastInitialWeights, "MetricAverageCallback": MetricAverageCallback,
+            "BackupAndRestore": BackupAndRestore}
 
 
 _callbacks = None
 
 
 def __getattr__(name):
-    # BroadcastInitialWeights(root_rank=0) and MetricAverageCallback(): keras.callbacks.Callback
+    # BroadcastInitialWeights(root_rank=0), MetricAverageCallback(), BackupAndRestore(dir): Keras callback
     # subclasses, created on first access so that importing this module does not import Keras.
     global _callbacks
-    if name in ("BroadcastInitialWeights", "MetricAverageCallback"):
+    if name in ("BroadcastInitialWeights", "MetricAverageCallback", "BackupAndRestore"):
         if _callbacks is None:
             _callbacks = _make_callbacks()
         return _callbacks[name]
@@ -553,4 +573,5 @@ def __getattr__(name):
 
 
 __all__ = ["init_collectives", "rank", "size", "DistributedOptimizer", "BroadcastInitialWeights",
-           "MetricAverageCallback", "broadcast_variables", "broadcast_model", "allreduce", "GROUP_KEY"]
+           "MetricAverageCallback", "BackupAndRestore", "broadcast_variables", "broadcast_model", "allreduce",
+           "GROUP_KEY"]

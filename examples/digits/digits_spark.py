@@ -44,7 +44,8 @@ def main_fun(args, ctx):
     latest = tf.train.latest_checkpoint(ckpt_dir)
     if latest:
         ckpt.restore(latest).assert_existing_objects_matched()
-    print(f"node {ctx.node_index} attempt {ctx.attempt}: starting at step {int(optimizer.iterations)}", flush=True)
+    step0 = int(optimizer.iterations.numpy())
+    print(f"node {ctx.node_index} attempt {ctx.attempt}: starting at step {step0}", flush=True)
     every = getattr(args, "checkpoint_every", 50)
 
     def step(x, y):
@@ -69,8 +70,8 @@ def main_fun(args, ctx):
             steps += 1
             if steps % 50 == 0:
                 ctx.report(step=steps, loss=float(loss), attempt=ctx.attempt)
-            if every and int(optimizer.iterations) % every == 0:
-                manager.save(checkpoint_number=int(optimizer.iterations))
+            if every and int(optimizer.iterations.numpy()) % every == 0:
+                manager.save(checkpoint_number=int(optimizer.iterations.numpy()))
         print(f"node {ctx.node_index}: trained {steps} steps, {feed.rows_read} rows of this feed", flush=True)
 
     # Inference: answer every fed row with the predicted class, until the cluster shuts down.

@@ -1,8 +1,11 @@
 """Restart time: from a TF process SIGKILLed mid-training to the new attempt's first training
 step (max_restarts=1), against its reference, a fresh cluster's reserve -> first step (what a user
-does by hand without restarts), in the same run on local-cluster[2,1,1024].
+does by hand without restarts), in the same run on local-cluster[2,1,1024]. With ``--multihost``
+on the multi-host harness (tests/multihost/hosts.py: a Spark standalone cluster of 3 hosts in
+network namespaces; root): the victim's whole host is killed (every process SIGKILLed) and the
+new attempt runs on the two other hosts; the host comes back between runs.
 
-    python bench/restart.py [--runs 3]
+    python bench/restart.py [--runs 3] [--multihost]
 """
 
 from __future__ import annotations
@@ -63,36 +66,62 @@ def first_step(cluster, attempt):
                               if m.get("attempt") == attempt and "first_step_time" in m), None), 300)
 
 
-def one_run(sc):
+def one_run(sc, hosts=None):
     from tfos import InputMode, TFCluster
 
     t0 = time.time()
     cluster = TFCluster.run(sc, main_fun, 100000, 2, 0, input_mode=InputMode.TENSORFLOW, master_node="chief",
                             max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2,
-                            progress=False)
+                            progress=False, heartbeat_timeout=10 if hosts else 30, reservation_timeout=180)
+    victim = None
     try:
         fresh = first_step(cluster, 0) - t0
         wait(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= 40, 300)
+        node = next(n for n in cluster.nodes if n["node_index"] == 1)
         t_kill = time.time()
-        os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+        if hosts is None:
+            os.kill(node["pid"], signal.SIGKILL)
+        else:
+            victim = next(h for h in hosts.hosts if h.address == node["host"])
+            hosts.kill_host(victim)
         restarted = first_step(cluster, 1) - t_kill
         noticed = cluster.restarts[0].time - t_kill
     finally:
         cluster._abort(__import__("tfos").TFOSError("benchmark done"))
+        if victim is not None:  # the host comes back for the next run
+            hosts.restart_worker(victim)
     return fresh, restarted, noticed
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--multihost", action="store_true", help="on the multi-host harness: a whole host is killed")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from tfos.testing import local_cluster_session
+    if args.multihost:
+        sys.path.insert(0, os.path.join(ROOT, "tests", "multihost"))
+        from hosts import Hosts, can_run, wait_executors
 
-    spark = local_cluster_session(2, app_name="tfos-bench-restart")
-    spark.sparkContext.setLogLevel("ERROR")
-    rows = [one_run(spark.sparkContext) for _ in range(args.runs)]
-    spark.stop()
+        why = can_run()
+        if why:
+            raise SystemExit(f"the multi-host harness cannot run here: {why}")
+        with Hosts(3) as hosts:
+            spark = hosts.spark_session("tfos-bench-restart")
+            rows = []
+            for _ in range(args.runs):
+                wait_executors(spark.sparkContext, 3)
+                rows.append(one_run(spark.sparkContext, hosts))
+            spark.stop()
+        print("multi-host harness (3 hosts): the victim's whole host killed")
+    else:
+        from tfos.testing import local_cluster_session
+
+        spark = local_cluster_session(2, app_name="tfos-bench-restart")
+        spark.sparkContext.setLogLevel("ERROR")
+        rows = [one_run(spark.sparkContext) for _ in range(args.runs)]
+        spark.stop()
+        print("local-cluster[2,1,1024]: the victim's TF process SIGKILLed")
     print("| run | fresh start: reserve -> first step (s) | restart: SIGKILL -> first step of attempt 1 (s) | "
           "SIGKILL -> driver acts (s) | restart / fresh |")
     print("|---:|---:|---:|---:|---:|")

@@ -50,3 +50,46 @@ def checkpointed_steps(args, ctx):
         json.dump({"attempt": ctx.attempt, "resumed_from": resumed_from, "steps": int(opt.iterations.numpy()),
                    "first_step_time": first, "host": ctx.host,
                    "weights": [w.numpy().tolist() for w in model.weights]}, f)
+
+
+def ps_checkpointed_steps(args, ctx):
+    """Parameter servers (runs on the chief): steps scheduled through a ClusterCoordinator in
+    rounds of 5, checkpointed after each round in ctx.checkpoint_dir (the variables live on the
+    ps nodes) and restored from it on a restart; writes what this attempt did."""
+    import keras
+    import tensorflow as tf
+
+    strategy = ctx.strategy()
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8)])
+        opt = keras.optimizers.SGD(0.01)
+        opt.build(model.trainable_variables)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    manager = tf.train.CheckpointManager(ckpt, ctx.checkpoint_dir, max_to_keep=2)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    resumed_from = int(opt.iterations.numpy())
+
+    @tf.function
+    def step_fn():
+        def replica():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(tf.ones((4, 16)))))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        strategy.run(replica)
+
+    first = None
+    while int(opt.iterations.numpy()) < args["steps"]:
+        for _ in range(5):
+            coordinator.schedule(step_fn)
+        coordinator.join()
+        i = int(opt.iterations.numpy())
+        if first is None:
+            first = time.time()
+        manager.save(checkpoint_number=i)
+        ctx.report(step=i, attempt=ctx.attempt)
+        time.sleep(0.05)
+    with open(os.path.join(args["out"], "ps-chief.json"), "w") as f:
+        json.dump({"attempt": ctx.attempt, "resumed_from": resumed_from, "steps": int(opt.iterations.numpy()),
+                   "first_step_time": first}, f)

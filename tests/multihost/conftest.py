@@ -1,13 +1,9 @@
 """Fixtures of the multi-host suite (``pytest --multihost``): one Spark standalone cluster of three
 hosts, each a network namespace on a bridge (tests/multihost/hosts.py), shared by the session."""
 
-import os
-import sys
-import time
-
 import pytest
 
-from hosts import DRIVER_ADDRESS, Hosts, can_run
+from hosts import Hosts, can_run, wait_executors
 
 NUM_HOSTS = 3
 
@@ -26,33 +22,10 @@ def hosts():
         yield h
 
 
-def wait_executors(sc, n: int, timeout: float = 120.0) -> None:
-    tracker = sc._jsc.sc().statusTracker()
-    deadline = time.monotonic() + timeout
-    while len(tracker.getExecutorInfos()) - 1 < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(tracker.getExecutorInfos()) - 1} of {n} executors within {timeout:.0f}s")
-        time.sleep(0.25)
-
-
 @pytest.fixture(scope="session")
 def mh_spark(hosts):
     """The driver (this process) on the bridge address; one 1-core executor per host."""
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(hosts.master_url).appName("tfos-multihost")
-             .config("spark.driver.host", DRIVER_ADDRESS)
-             .config("spark.driver.bindAddress", DRIVER_ADDRESS)
-             .config("spark.executor.cores", "1")
-             .config("spark.executor.memory", "1g")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.task.maxFailures", "2")  # Spark may retry a task (as on YARN, 4 by default)
-             .config("spark.pyspark.python", sys.executable)
-             .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    wait_executors(spark.sparkContext, NUM_HOSTS)
+    spark = hosts.spark_session("tfos-multihost")
     yield spark
     spark.stop()
 

@@ -296,6 +296,27 @@ class Hosts:
     def by_address(self, address: str) -> Host:
         return next(h for h in self.hosts if h.address == address)
 
+    def spark_session(self, app_name: str):
+        """The driver (this process) on the bridge address; one 1-core executor per host, once
+        every host's executor has registered."""
+        from pyspark.sql import SparkSession
+
+        spark = (SparkSession.builder.master(self.master_url).appName(app_name)
+                 .config("spark.driver.host", DRIVER_ADDRESS)
+                 .config("spark.driver.bindAddress", DRIVER_ADDRESS)
+                 .config("spark.executor.cores", "1")
+                 .config("spark.executor.memory", "1g")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.task.maxFailures", "2")  # Spark may retry a task (as on YARN, 4 by default)
+                 .config("spark.pyspark.python", sys.executable)
+                 .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        wait_executors(spark.sparkContext, len(self.hosts))
+        return spark
+
+
     # -- teardown
     def close(self) -> None:
         for h in self.hosts:
@@ -315,3 +336,13 @@ class Hosts:
             _ip("netns", "del", h.netns, check=False)
         _ip("link", "del", self.bridge, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_executors(sc, n: int, timeout: float = 120.0) -> None:
+    """Wait until ``n`` executors (besides the driver) are registered with ``sc``."""
+    tracker = sc._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout
+    while len(tracker.getExecutorInfos()) - 1 < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(tracker.getExecutorInfos()) - 1} of {n} executors within {timeout:.0f}s")
+        time.sleep(0.25)

@@ -6,8 +6,9 @@ import time
 
 from tfos import TFCluster
 from tfos.errors import TFOSError
+from tfos.testing import wait_for
 
-from restart_programs import checkpointed_steps
+from restart_programs import checkpointed_steps, ps_checkpointed_steps
 from test_faults import FAST, _victim, _wait_steps
 
 
@@ -32,3 +33,29 @@ def test_whole_host_killed_mid_training_restarts_on_the_other_hosts(mh_sc, hosts
         if not cluster.lifecycle.ended:
             cluster._abort(TFOSError("the test ended"))
         hosts.restart_worker(host)
+
+
+def test_parameter_server_killed_restarts_every_node_and_the_chief_resumes(mh_sc, tmp_path, record_property):
+    """backend='ps' on the three hosts (ps, chief, worker): a lost ps takes the variables with it,
+    which TF's ClusterCoordinator cannot survive (join() raises), so tfos restarts all nodes and
+    the chief restores the variables from its checkpoint."""
+    import os
+    import signal
+
+    cluster = TFCluster.run(mh_sc, ps_checkpointed_steps, {"steps": 200, "out": str(tmp_path)}, 3, 1,
+                            master_node="chief", backend="ps", max_restarts=1, restart_backoff=1,
+                            checkpoint_dir=str(tmp_path / "ckpt"), reservation_timeout=180, **FAST)
+    try:
+        chief = next(n["node_index"] for n in cluster.nodes if n["job_name"] == "chief")
+        assert wait_for(lambda: cluster.metrics()[chief].get("step", 0) >= 60, 180), cluster.metrics()
+        ps = next(n for n in cluster.nodes if n["job_name"] == "ps")
+        t_kill = time.time()
+        os.kill(ps["pid"], signal.SIGKILL)
+        cluster.shutdown(timeout=600)
+        assert cluster.attempt == 1 and any(r.job_name == "ps" for r in cluster.restarts), cluster.restarts
+        chief = json.loads((tmp_path / "ps-chief.json").read_text())
+        assert chief["attempt"] == 1 and chief["steps"] == 200 and 55 <= chief["resumed_from"] < 200, chief
+        record_property("seconds_kill_to_first_round_of_attempt_1", round(chief["first_step_time"] - t_kill, 1))
+    finally:
+        if not cluster.lifecycle.ended:
+            cluster._abort(TFOSError("the test ended"))

@@ -6,6 +6,9 @@ RDD of predictions), and the predictions are written out.
     python examples/digits/digits_spark.py --source dataframe     # or --source rdd
     python examples/digits/digits_spark.py --remote local-cluster  # over Spark Connect (or sc://host:15002)
     python examples/digits/digits_spark.py --max-restarts 2        # survive node failures: resume from checkpoints
+
+The nodes import digits_tf (its checkpoint helper): under spark-submit on a real cluster, ship it
+with ``--py-files examples/digits/digits_tf.py``.
 """
 
 from __future__ import annotations
@@ -34,18 +37,11 @@ def main_fun(args, ctx):
         optimizer = keras.optimizers.Adam(args.learning_rate)
         optimizer.build(model.trainable_variables)  # its slots exist before a checkpoint restores them
 
-    # Checkpoints in ctx.checkpoint_dir (the same on every attempt). After a restart (max_restarts)
-    # the model resumes from the last one, and train() feeds the interrupted epoch again in full.
-    # Every worker saves (MWMS needs all of them); only the chief's copy goes to checkpoint_dir.
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    ckpt_dir = ctx.absolute_path(ctx.checkpoint_dir).replace("file://", "")
-    save_dir = ckpt_dir if ctx.is_chief else tempfile.mkdtemp(prefix=f"ckpt-rank{ctx.rank}-")
-    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
-    latest = tf.train.latest_checkpoint(ckpt_dir)
-    if latest:
-        ckpt.restore(latest).assert_existing_objects_matched()
-    step0 = int(optimizer.iterations.numpy())
-    print(f"node {ctx.node_index} attempt {ctx.attempt}: starting at step {step0}", flush=True)
+    # Checkpoints in ctx.checkpoint_dir: after a restart (max_restarts) the model resumes from the
+    # last one, and train() feeds the interrupted epoch again in full.
+    import digits_tf
+
+    manager, _step = digits_tf.restore_checkpoint(ctx, model, optimizer)
     every = getattr(args, "checkpoint_every", 50)
 
     def step(x, y):

@@ -52,6 +52,25 @@ def build_model():
                              keras.layers.Dense(10)])
 
 
+def restore_checkpoint(ctx, model, optimizer):
+    """Checkpoints in ctx.checkpoint_dir (the same on every attempt): after a restart
+    (max_restarts) training resumes from the last one, at its step. Every worker saves (MWMS needs
+    all of them); only the chief's copy is kept in checkpoint_dir, the others go to a private temp
+    dir. Returns the CheckpointManager and the step training resumes from (0 on a fresh start)."""
+    import tensorflow as tf
+
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    ckpt_dir = ctx.absolute_path(ctx.checkpoint_dir).replace("file://", "")
+    save_dir = ckpt_dir if ctx.is_chief else tempfile.mkdtemp(prefix=f"ckpt-rank{ctx.rank}-")
+    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
+    latest = tf.train.latest_checkpoint(ckpt_dir)
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
+    step = int(optimizer.iterations.numpy())
+    print(f"rank {ctx.rank} attempt {ctx.attempt}: starting at step {step}", flush=True)
+    return manager, step
+
+
 def main_fun(args, ctx):
     """Runs on every node, in its TF process. TF_CONFIG is already set by tfos."""
     import tensorflow as tf
@@ -78,18 +97,7 @@ def main_fun(args, ctx):
         optimizer = __import__("keras").optimizers.Adam(args.learning_rate)
         optimizer.build(model.trainable_variables)  # its slots exist before a checkpoint restores them
 
-    # Checkpoints in ctx.checkpoint_dir (the same on every attempt): after a restart (max_restarts),
-    # training resumes from the last one, at its step. Every worker saves (MWMS needs all of them);
-    # only the chief's copy is kept in checkpoint_dir, the others go to a private temp dir.
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    ckpt_dir = ctx.absolute_path(ctx.checkpoint_dir).replace("file://", "")
-    save_dir = ckpt_dir if ctx.is_chief else tempfile.mkdtemp(prefix=f"ckpt-rank{ctx.rank}-")
-    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
-    latest = tf.train.latest_checkpoint(ckpt_dir)
-    if latest:
-        ckpt.restore(latest).assert_existing_objects_matched()
-    resumed_from = int(optimizer.iterations.numpy())
-    print(f"rank {ctx.rank} attempt {ctx.attempt}: starting at step {resumed_from}", flush=True)
+    manager, resumed_from = restore_checkpoint(ctx, model, optimizer)
 
     def step(xb, yb):
         with tf.GradientTape() as tape:

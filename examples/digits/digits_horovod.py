@@ -4,7 +4,12 @@ Needs Horovod, which builds only against TF <= 2.15 (see README: the Horovod env
 tfos runs the Gloo rendezvous on the driver and gives each node its HOROVOD_* environment, so
 hvd.init() just works. Each rank reads its own file shards.
 
-    python examples/digits/digits_horovod.py [--compression fp16]
+    python examples/digits/digits_horovod.py [--compression fp16] [--max-restarts 2]
+
+Rank 0 checkpoints model, optimizer and epoch in ctx.checkpoint_dir after every epoch; every rank
+restores the latest one when it starts, so after a node failure (``--max-restarts``) all ranks
+resume ``fit`` at the same epoch (ranks resuming at different epochs would wait for each other in
+the all-reduce forever).
 """
 
 from __future__ import annotations
@@ -39,15 +44,44 @@ def main_fun(args, ctx):
                   metrics=["accuracy"])
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=hvd.rank()).repeat().batch(args.batch_size)
     steps = args.train_rows // (args.batch_size * hvd.size())
-    model.fit(ds, epochs=args.epochs, steps_per_epoch=steps, verbose=2 if hvd.rank() == 0 else 0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    ckpt, manager, first_epoch = restore_checkpoint(ctx, model, opt, rank=hvd.rank())
+
+    def save(epoch, _logs):
+        if manager is not None:
+            ckpt.epoch.assign(epoch + 1)
+            manager.save()
+
+    from tfos import callbacks
+
+    model.fit(ds, epochs=args.epochs, initial_epoch=first_epoch, steps_per_epoch=steps,
+              verbose=2 if hvd.rank() == 0 else 0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callbacks.progress(ctx),
+                         tf.keras.callbacks.LambdaCallback(on_epoch_end=save)])
     os.makedirs(args.output_dir, exist_ok=True)
     np.savez(os.path.join(args.output_dir, f"weights-rank{hvd.rank()}.npz"), *model.get_weights())
+    with open(os.path.join(args.output_dir, f"attempt-rank{hvd.rank()}.json"), "w") as f:
+        json.dump({"attempt": ctx.attempt, "first_epoch": first_epoch, "steps": int(opt.iterations.numpy())}, f)
     if hvd.rank() == 0:
         xt, yt = digits_tf.load_csv([os.path.join(args.data_dir, "test.csv")])
         acc = float(np.mean(np.argmax(model.predict(xt, verbose=0), axis=1) == yt))
         with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-            json.dump({"accuracy": acc, "size": hvd.size()}, f)
+            json.dump({"accuracy": acc, "size": hvd.size(), "attempt": ctx.attempt}, f)
+
+
+def restore_checkpoint(ctx, model, optimizer, rank: int):
+    """The checkpoint of model, optimizer and next epoch in ctx.checkpoint_dir (the same on every
+    attempt). Every rank restores the latest one; only rank 0 gets a CheckpointManager to write
+    them. Returns (checkpoint, manager or None, the epoch to start at)."""
+    import tensorflow as tf
+
+    optimizer.build(model.trainable_variables)  # its slots exist before the restore fills them
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=tf.Variable(0, dtype=tf.int64))
+    ckpt_dir = ctx.absolute_path(ctx.checkpoint_dir).replace("file://", "", 1)
+    latest = tf.train.latest_checkpoint(ckpt_dir)
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
+    manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=2) if rank == 0 else None
+    return ckpt, manager, int(ckpt.epoch.numpy())
 
 
 def main(argv=None, spark=None) -> float:
@@ -60,6 +94,8 @@ def main(argv=None, spark=None) -> float:
     p.add_argument("--output-dir", default=None)
     p.add_argument("--timeline", default=None, help="Horovod timeline file name under the log dir")
     p.add_argument("--log-dir", default=None)
+    p.add_argument("--max-restarts", type=int, default=0, help="restart all nodes from the last checkpoint after "
+                   "a node failure, up to this many times")
     args = p.parse_args(argv)
     import digits_tf
     from tfos import InputMode, TFCluster
@@ -74,6 +110,7 @@ def main(argv=None, spark=None) -> float:
 
         spark = local_cluster_session(2, app_name="tfos-digits-horovod")
     cluster = TFCluster.reserve(spark.sparkContext, 2, 0, master_node="chief", backend="horovod",
+                                max_restarts=args.max_restarts,
                                 log_dir=os.path.abspath(args.log_dir or base),
                                 backend_options={"compression": args.compression, "timeline": args.timeline})
     cluster.start(main_fun, args, input_mode=InputMode.TENSORFLOW)

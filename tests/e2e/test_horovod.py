@@ -1,5 +1,9 @@
 """Horovod backend end to end (runs in the TF 2.15 + Horovod 0.28.1 environment; see .ci/run)."""
 
+import json
+import os
+import signal
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,3 +31,40 @@ def test_horovod_digits_identical_weights_and_accuracy(spark, tmp_path, compress
     assert abs(acc - single) <= 0.02, (acc, single)
     timeline = tmp_path / "logs" / "timeline.json"
     assert timeline.exists() and timeline.stat().st_size > 0, "Horovod timeline was not written under log_dir"
+
+
+def test_horovod_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster, tmp_path):
+    """max_restarts with backend='horovod': a TF process SIGKILLed at half of training; tfos stops
+    the other rank, starts a new Gloo rendezvous and both ranks again, and fit resumes from rank 0's
+    last checkpoint (digits_horovod.restore_checkpoint)."""
+    import digits_horovod
+    import digits_tf
+
+    from tfos import InputMode
+    from tfos.testing import wait_for
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    rows = digits_tf.prepare_shards(str(data))["train_rows"]
+    args = SimpleNamespace(data_dir=str(data), output_dir=str(out), epochs=30, batch_size=32, learning_rate=0.01,
+                           train_rows=rows)
+    planned = args.epochs * (rows // 64)
+    cluster = tfos_cluster(2, 0, backend="horovod", max_restarts=1, restart_backoff=1, stop_grace_secs=2,
+                           report_interval=0.2, checkpoint_dir=str(tmp_path / "ckpt"))
+    cluster.start(digits_horovod.main_fun, args, input_mode=InputMode.TENSORFLOW)
+    assert wait_for(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= planned // 2, 600,
+                    interval=0.02)
+    os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+    cluster.shutdown(timeout=900)
+
+    assert cluster.attempt == 1 and {r.attempt for r in cluster.restarts} == {0}
+    assert any(r.node_index == 1 and "killed by signal 9" in r.cause for r in cluster.restarts), cluster.restarts
+    ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["attempt"] == 1 for r in ranks)
+    assert all(r["steps"] == planned for r in ranks), ranks  # optimizer iterations restored, not redone
+    assert ranks[0]["first_epoch"] == ranks[1]["first_epoch"]
+    assert args.epochs // 2 - 3 <= ranks[0]["first_epoch"] < args.epochs, ranks  # from the checkpoint
+    result = json.loads((out / "result.json").read_text())
+    assert result["accuracy"] >= 0.9 and result["attempt"] == 1
+    w0, w1 = np.load(out / "weights-rank0.npz"), np.load(out / "weights-rank1.npz")
+    for k in w0.files:
+        np.testing.assert_allclose(w0[k], w1[k], atol=1e-6)

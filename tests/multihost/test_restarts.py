@@ -59,3 +59,39 @@ def test_parameter_server_killed_restarts_every_node_and_the_chief_resumes(mh_sc
     finally:
         if not cluster.lifecycle.ended:
             cluster._abort(TFOSError("the test ended"))
+
+
+def test_parameter_server_worker_lost_the_coordinator_goes_on_without_it(mh_sc, hosts, tmp_path, record_property):
+    """backend='ps' with two workers (a second executor on host 1): one worker SIGKILLed. TF's
+    ClusterCoordinator runs the lost worker's scheduled functions on the other one, so tfos
+    restarts nothing: the chief's first attempt finishes and the loss is in cluster.lost_nodes."""
+    import os
+    import signal
+
+    from hosts import wait_executors
+
+    hosts.add_worker(hosts.hosts[0])
+    wait_executors(mh_sc, 4)
+    cluster = TFCluster.run(mh_sc, ps_checkpointed_steps, {"steps": 200, "out": str(tmp_path)}, 4, 1,
+                            master_node="chief", backend="ps", max_restarts=1, restart_backoff=1,
+                            checkpoint_dir=str(tmp_path / "ckpt"), reservation_timeout=180, **FAST)
+    try:
+        chief = next(n["node_index"] for n in cluster.nodes if n["job_name"] == "chief")
+        assert wait_for(lambda: cluster.metrics()[chief].get("step", 0) >= 60, 180), cluster.metrics()
+        victim = next(n for n in cluster.nodes if n["job_name"] == "worker")
+        at_kill = cluster.metrics()[chief]["step"]
+        t_kill = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+        cluster.shutdown(timeout=600)  # raises if the loss failed the run
+        assert cluster.attempt == 0 and cluster.restarts == [], cluster.restarts
+        assert [(n.node_index, n.job_name) for n in cluster.lost_nodes] == [(victim["node_index"], "worker")]
+        assert "killed by signal 9" in cluster.lost_nodes[0].cause
+        result = json.loads((tmp_path / "ps-chief.json").read_text())
+        # every step ran; a step the lost worker was running may have run again on the other one
+        assert result["attempt"] == 0 and result["resumed_from"] == 0 and 200 <= result["steps"] < 210, result
+        assert at_kill < 200, at_kill  # the kill landed before the end
+        record_property("seconds_kill_to_end_of_training", round(time.time() - t_kill, 1))
+    finally:
+        if not cluster.lifecycle.ended:
+            cluster._abort(TFOSError("the test ended"))
+        hosts.remove_extra_workers()

@@ -396,3 +396,19 @@ def test_restart_refusal(retryable, done, max_restarts, refused):
     failures = [NodeFailure(i, "worker", i, "h", "boom", retryable=r) for i, r in enumerate(retryable)]
     why = restart_refusal(failures, done, max_restarts)
     assert (why is None) if refused is None else (refused in why)
+
+
+@pytest.mark.parametrize("job,survivable,peers,started,max_restarts,tolerated", [
+    ("worker", ("worker",), 1, True, 1, True),      # ps backend: the coordinator goes on with the other worker
+    ("worker", ("worker",), 3, True, 2, True),
+    ("worker", ("worker",), 0, True, 1, False),     # the last worker: nothing left to run the functions
+    ("worker", ("worker",), 1, True, 0, False),     # max_restarts=0 keeps failing fast
+    ("worker", ("worker",), 1, False, 1, False),    # still starting: the rendezvous needs every node
+    ("ps", ("worker",), 1, True, 1, False),         # a ps holds variables: restart every node
+    ("chief", ("worker",), 1, True, 1, False),
+    ("worker", (), 1, True, 1, False),              # MWMS/Horovod: a collective needs every rank
+])
+def test_loss_tolerated(job, survivable, peers, started, max_restarts, tolerated):
+    from tfos.driver.lifecycle import loss_tolerated
+
+    assert loss_tolerated(job, survivable, peers, started, max_restarts) is tolerated

@@ -3,7 +3,8 @@
 * :class:`Backend` runs on the driver: ``validate`` (before any Spark job), ``setup(nodes)``
   once every node registered (returns JSON-able config that every TF process receives with
   the cluster spec, e.g. Horovod's rendezvous address), ``teardown()``; ``finishing_jobs``
-  (roles whose completion ends the job) and ``feed_jobs`` (roles that take fed data).
+  (roles whose completion ends the job), ``feed_jobs`` (roles that take fed data) and
+  ``survivable_jobs`` (roles the others can go on without, when restarts are on).
 * :class:`NodeHooks` runs in the TF process: ``env(me, nodes, config)`` (extra environment
   set before ``main_fun``), ``run(main_fun, args, ctx)`` and ``strategy(ctx)`` (behind
   ``ctx.strategy()``).
@@ -78,6 +79,7 @@ class Backend:
     node_class: type = NodeHooks
     finishing_jobs: tuple[str, ...] = TRAINING_JOBS
     feed_jobs: tuple[str, ...] = TRAINING_JOBS  # roles that receive data in InputMode.SPARK
+    survivable_jobs: tuple[str, ...] = ()  # roles whose loss the others survive (lifecycle.loss_tolerated)
 
     def __init__(self, transport: str = "grpc", socket_ifname: str | None = None):
         if transport not in ("grpc", "rdma"):

@@ -36,6 +36,10 @@ class PSBackend(Backend):
     runs on the chief only), the chief runs ParameterServerStrategy + ClusterCoordinator. The job
     ends when the chief's main_fun returns; ps and worker servers are then stopped.
 
+    With ``max_restarts`` > 0, losing a worker (while another one runs) restarts nothing: the
+    coordinator goes on with the other workers (``cluster.lost_nodes`` lists it). Losing a ps or
+    the chief restarts every node.
+
     With InputMode.SPARK only the chief receives fed data (it dispatches batches to the workers
     through the coordinator); InputMode.TENSORFLOW per-worker dataset functions reading file
     shards are the scalable choice.
@@ -45,6 +49,10 @@ class PSBackend(Backend):
     node_class = PSNode
     finishing_jobs = CHIEF_JOBS
     feed_jobs = CHIEF_JOBS
+    # A lost worker: the chief's ClusterCoordinator runs its scheduled functions on the other
+    # workers (at least once: a function the lost worker was running may run again). A lost ps
+    # takes its variables with it and the coordinator raises, so that restarts every node.
+    survivable_jobs = ("worker",)
 
     def validate(self, num_executors, num_ps, master_node) -> None:
         super().validate(num_executors, num_ps, master_node)

@@ -30,7 +30,7 @@ from tfos import topology
 from tfos.driver import spark as S
 from tfos.driver.feed_scheduler import FeedScheduler
 from tfos.driver.feeding import FeedJobs
-from tfos.driver.lifecycle import Lifecycle, Phase, Restart, restart_refusal
+from tfos.driver.lifecycle import Lifecycle, NodeLoss, Phase, Restart, loss_tolerated, restart_refusal
 from tfos.driver.progress import quiet_py4j
 from tfos.driver.registry import NodeRegistry
 from tfos.driver.service import ControlService
@@ -71,6 +71,8 @@ class TFCluster:
         self.max_restarts = 0  # set by reserve()
         self.restart_backoff = 0.0
         self.restarts: list[Restart] = []  # each failure that restarted the cluster
+        self.lost_nodes: list[NodeLoss] = []  # each node lost while the others went on (backend='ps' workers)
+        self.registry.tolerate = self._tolerate_loss
         self._failed_before: list = []  # NodeFailures of the attempts that were restarted
         self._main = None  # (main_fun, tf_args, node_hooks), kept for restarts
         self._restart_lock = threading.RLock()  # one restart at a time (monitor thread or a waiting call)
@@ -579,6 +581,22 @@ class TFCluster:
             raise self.lifecycle.error
         logger.info("tfos cluster %s: attempt %d started: %s", self.cluster_id, attempt + 1,
                     json.dumps(self.cluster_spec))
+
+    def _tolerate_loss(self, failure) -> bool:
+        """The registry's loss policy (its condition held): True to go on without the failed node
+        (``lifecycle.loss_tolerated``), recording it in ``lost_nodes``."""
+        reg = self.registry
+        peers = [i for i, n in reg.nodes.items()
+                 if n.job_name == failure.job_name and i != failure.node_index and n.exited is None and not n.stop]
+        started = reg.all_registered() and self.lifecycle.phase in (Phase.RUNNING, Phase.SHUTTING_DOWN)
+        if not loss_tolerated(failure.job_name, self.backend.survivable_jobs, len(peers), started, self.max_restarts):
+            return False
+        self.lost_nodes.append(NodeLoss(time.time(), self.config.attempt, failure.node_index, failure.job_name,
+                                        failure.task_index, failure.host, failure.reason))
+        logger.warning("tfos cluster %s: %s:%d on %s lost (%s); the %d other %s node(s) go on without it",
+                       self.cluster_id, failure.job_name, failure.task_index, failure.host, failure.reason,
+                       len(peers), failure.job_name)
+        return True
 
     def _every_failure(self) -> list:
         """The failures of the restarted attempts, then this attempt's."""

@@ -83,8 +83,8 @@ class Lifecycle:
 
 
 @dataclasses.dataclass(frozen=True)
-class Restart:
-    """One node failure that made tfos restart the cluster (``cluster.restarts``)."""
+class NodeLoss:
+    """A node lost while the others went on (``cluster.lost_nodes``; see :func:`loss_tolerated`)."""
 
     time: float  # wall-clock seconds (time.time()) when the driver acted on it
     attempt: int  # the attempt that failed (0: the first start)
@@ -93,6 +93,21 @@ class Restart:
     task_index: int
     host: str
     cause: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart(NodeLoss):
+    """One node failure that made tfos restart the cluster (``cluster.restarts``)."""
+
+
+def loss_tolerated(job_name: str, survivable_jobs, peers_running: int, started: bool, max_restarts: int) -> bool:
+    """Pure: whether the run goes on without a failed node instead of restarting or failing.
+
+    Only with restarts on (``max_restarts=0`` keeps failing fast), for a role the backend can lose
+    (``backend='ps'``: workers, whose scheduled functions TF's ClusterCoordinator moves to the
+    other workers), once every node has started, and while another node of that role runs.
+    """
+    return max_restarts > 0 and job_name in survivable_jobs and started and peers_running > 0
 
 
 def restart_refusal(failures, restarts_done: int, max_restarts: int) -> str | None:

@@ -43,6 +43,10 @@ class NodeRegistry:
         self.cond = threading.Condition()
         self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(roles)}
         self.failures: list[NodeFailure] = []
+        # (failure) -> bool, called with ``cond`` held: True when the run goes on without that node
+        # (the cluster's loss policy); such a node is listed in ``lost``, not in ``failures``
+        self.tolerate = None
+        self.lost: list[int] = []
         self.abort_reason: str | None = None
         self.on_complete = on_complete  # nodes -> backend config, called once when every node registered
         self.backend_config: dict | None = None
@@ -79,8 +83,13 @@ class NodeRegistry:
 
     # -- state changes
     def fail(self, failure: NodeFailure) -> None:
-        """Record a failure and ask every node to stop. Caller holds the condition."""
-        if any(f.node_index == failure.node_index for f in self.failures):
+        """Record a failure and ask every node to stop, unless the loss policy (``tolerate``) lets
+        the others go on without this node. Caller holds the condition."""
+        if any(f.node_index == failure.node_index for f in self.failures) or failure.node_index in self.lost:
+            return
+        if self.tolerate is not None and self.tolerate(failure):
+            self.lost.append(failure.node_index)
+            self.cond.notify_all()
             return
         logger.error("tfos node %d (%s:%d on %s) failed: %s", failure.node_index, failure.job_name,
                      failure.task_index, failure.host, failure.reason)
@@ -109,7 +118,7 @@ class NodeRegistry:
         """Nodes that failed by themselves after the first failure made the driver stop them all
         (a peer killed mid-collective: the survivor's exception can arrive first). Caller holds
         the condition."""
-        known = {f.node_index for f in self.failures}
+        known = {f.node_index for f in self.failures} | set(self.lost)
         return [self.exit_failure(i) for i, n in sorted(self.nodes.items())
                 if i not in known and n.exited is not None and n.agent is not None
                 and not n.exited.stopped_by_driver and (n.exited.exit_code != 0 or n.exited.reason)]
@@ -121,6 +130,7 @@ class NodeRegistry:
             self.cluster_id = cluster_id
             self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(self.roles)}
             self.failures = []
+            self.lost = []
             self.abort_reason = None
             self.backend_config = None
             self.cond.notify_all()

@@ -219,6 +219,9 @@ def test_get_node_failure_answers_with_the_nodes_error_or_nothing():
     threading.Thread(target=later).start()
     text = reg.on_get_node_failure(M.GetNodeFailure("c", 1, 5)).text
     assert "node 1 (worker:1 on h)" in text and "killed by signal 9" in text
+    # node 0 was stopped because node 1 failed: its feed tasks report node 1's failure
+    text = reg.on_get_node_failure(M.GetNodeFailure("c", 0, 0)).text
+    assert text.startswith("node 0 was stopped because another node failed") and "killed by signal 9" in text
     with pytest.raises(ProtocolError):
         reg.on_get_node_failure(M.GetNodeFailure("c", 7, 0))
 

@@ -235,11 +235,22 @@ class NodeRegistry:
     def on_get_node_failure(self, msg: M.GetNodeFailure):
         """A feeding task lost its node: the node's failure, once the driver knows it (bounded wait)."""
         wait = min(max(float(msg.wait), 0.0), 10.0)
+        i = msg.node_index
+
+        def found() -> list[NodeFailure]:  # the node's own failure, else the failures the driver stopped it for
+            own = [f for f in self.failures if f.node_index == i]
+            return own or (list(self.failures) if self.nodes[i].stop else [])
+
         with self.cond:
-            self.node(msg.node_index)
-            self.cond.wait_for(lambda: any(f.node_index == msg.node_index for f in self.failures), timeout=wait)
-            found = [f for f in self.failures if f.node_index == msg.node_index]
-        return M.NodeFailureReply(format_failures(found)[-6000:] if found else "")
+            self.node(i)
+            self.cond.wait_for(lambda: bool(found()), timeout=wait)
+            failures = found()
+        if not failures:
+            return M.NodeFailureReply("")
+        text = format_failures(failures)[-6000:]
+        if all(f.node_index != i for f in failures):
+            text = f"node {i} was stopped because another node failed. {text}"
+        return M.NodeFailureReply(text)
 
     def on_log_model(self, msg: M.LogModel):
         with self.cond:

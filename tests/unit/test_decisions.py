@@ -412,3 +412,17 @@ def test_loss_tolerated(job, survivable, peers, started, max_restarts, tolerated
     from tfos.driver.lifecycle import loss_tolerated
 
     assert loss_tolerated(job, survivable, peers, started, max_restarts) is tolerated
+
+
+@pytest.mark.parametrize("env,added", [
+    ({}, True),
+    ({"PATH": "/bin", "MALLOC": "x"}, True),
+    ({"MALLOC_ARENA_MAX": "2"}, False),             # the user tunes malloc: theirs alone
+    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}, False),
+    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, False),  # another allocator
+    ({"LD_PRELOAD": ""}, True),
+])
+def test_malloc_environment_of_the_tf_process(env, added):
+    from tfos.agent.supervisor import MALLOC_DEFAULTS, malloc_environment
+
+    assert malloc_environment(env) == (MALLOC_DEFAULTS if added else {})

@@ -44,6 +44,24 @@ def tf_process_command(python: str) -> list[str]:
     return [python, "-u", "-m", TF_PROCESS_MODULE]
 
 
+
+#: glibc malloc settings for the TF process. Feed chunks and tensors are MiB-sized buffers that
+#: glibc by default maps and unmaps (or trims) on every allocation, so each new one page-faults
+#: its memory in again; measured with bench/feed_consumer.py, keeping freed memory for reuse made
+#: feed.dataset() about 4x and feed.batches() about 1.5x faster. The cost: RSS stays at its peak.
+MALLOC_DEFAULTS = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(512 << 20),
+                   "MALLOC_TOP_PAD_": str(64 << 20)}
+
+
+def malloc_environment(env) -> dict[str, str]:
+    """Pure: the malloc settings to add to the TF process's environment ``env``: tfos's defaults,
+    unless ``env`` already tunes malloc (any ``MALLOC_*`` variable or ``GLIBC_TUNABLES``) or
+    preloads another allocator (``LD_PRELOAD``)."""
+    if "GLIBC_TUNABLES" in env or env.get("LD_PRELOAD") or any(k.startswith("MALLOC_") for k in env):
+        return {}
+    return dict(MALLOC_DEFAULTS)
+
+
 class NodeAgent:
     def __init__(self, cfg: M.NodeConfig):
         self.cfg = cfg
@@ -61,6 +79,7 @@ class NodeAgent:
         env = dict(os.environ)
         env.update({k: str(v) for k, v in cfg.cluster.env.items()})
         env.update(gpu_environment(gpus))
+        env.update(malloc_environment(env))
         env["PYTHONUNBUFFERED"] = "1"
         tf_cfg = dataclasses.replace(cfg, gpus=tuple(gpus), watchdog_fd=watch_r)
         command = reaper.reaper_command(cfg.python, cfg.cluster.stop_grace_secs, (watch_r,),

@@ -240,3 +240,17 @@ def test_registry_names_the_silent_nodes_until_the_monitor_decides():
     assert reg.silent(0.2) == [1]
     reg.check_heartbeats(0.2)  # the verdict: node 1 lost; no longer pending
     assert [f.node_index for f in reg.failures] == [1] and reg.silent(0.2) == []
+
+
+@pytest.mark.parametrize("size", [10, 1 << 20, (8 << 20) + 1, 20_000_001])
+def test_data_frames_arrive_whole_in_64_byte_aligned_buffers(size):
+    """Aligned buffers let TF use the fed columns without a copy; frames beyond the first 8 MiB
+    receive buffer grow it without losing what arrived."""
+    a, b = socket.socketpair()
+    with C.Channel(a, "a") as sender, C.Channel(b, "b") as receiver:
+        data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        t = threading.Thread(target=sender.send_data, args=(data,))
+        t.start()
+        kind, value = receiver.recv_frame()
+        t.join(10)
+    assert kind == C.KIND_ARROW and value.to_pybytes() == data and value.address % 64 == 0

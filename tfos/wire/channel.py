@@ -35,6 +35,7 @@ KIND_ARROW = b"A"
 _HEADER = struct.Struct(">cI")
 _HELLO = struct.Struct(">4sH16s")
 _FIRST_CHUNK = 1 << 20  # receive buffers start at 1 MiB and double as bytes arrive
+_FIRST_DATA_CHUNK = 8 << 20  # data frames: feed chunks are ~4 MiB, so one buffer usually holds a frame
 
 
 def new_secret() -> str:
@@ -145,7 +146,7 @@ class Channel:
         self._sendall(view)
 
     def recv_frame(self) -> tuple[bytes, Any]:
-        """Return ``(kind, value)``: a decoded message for JSON frames, a bytearray for data."""
+        """Return ``(kind, value)``: a decoded message for JSON frames, a ``pyarrow.Buffer`` for data."""
         kind, size = _HEADER.unpack(self._recv_exact(_HEADER.size))
         if kind == KIND_JSON:
             if size > MAX_JSON_FRAME:
@@ -155,7 +156,7 @@ class Channel:
             if size > self.max_data_frame:
                 raise ProtocolError(f"data frame of {size} bytes from {self.peer} exceeds this channel's limit "
                                     f"of {self.max_data_frame}")
-            return kind, self._recv_exact(size)
+            return kind, self._recv_data(size)
         raise ProtocolError(f"unknown frame kind {kind!r} from {self.peer}")
 
     def recv(self):
@@ -198,6 +199,30 @@ class Channel:
                 k = self.sock.recv_into(memoryview(buf)[got:], len(buf) - got)
             except socket.timeout:
                 raise
+            except ConnectionError as e:
+                raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
+            if k == 0:
+                raise ChannelClosed(f"connection to {self.peer} closed")
+            got += k
+        return buf
+
+    def _recv_data(self, n: int):
+        """Exactly ``n`` bytes of a data frame, in a 64-byte-aligned Arrow buffer that grows as
+        bytes arrive (like :meth:`_recv_exact`). Aligned, the Arrow columns read from it become
+        numpy arrays that TensorFlow can use without copying them."""
+        import pyarrow as pa
+
+        buf = pa.allocate_buffer(min(n, _FIRST_DATA_CHUNK))
+        got = 0
+        while got < n:
+            if got == buf.size:
+                bigger = pa.allocate_buffer(min(buf.size * 2, n))
+                with memoryview(bigger) as dst, memoryview(buf) as src:
+                    dst[:got] = src
+                buf = bigger
+            try:
+                with memoryview(buf) as view:
+                    k = self.sock.recv_into(view[got:], buf.size - got)
             except ConnectionError as e:
                 raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
             if k == 0:

@@ -62,6 +62,53 @@ def test_dataframe_three_epochs_every_row_exactly_once_per_epoch(spark, sc, tmp_
     check_ids(tmp_path, n, 3)
 
 
+def count_ids_through_dataset(args, ctx):
+    """feed.dataset(37) read to exhaustion: the ids read and every batch's size."""
+    feed = ctx.get_data_feed(train_mode=True)
+    ids, sizes = [], []
+    for ids_batch, vec in feed.dataset(37):
+        assert vec.shape[1:] == (8,) and np.all(vec.numpy()[:, 0] == ids_batch.numpy())
+        ids.extend(int(i) for i in ids_batch.numpy())
+        sizes.append(int(ids_batch.shape[0]))
+    with open(os.path.join(args, f"ids-{ctx.node_index}.json"), "w") as f:
+        json.dump({"ids": ids, "stopped": feed.should_stop(), "sizes": sizes}, f)
+
+
+def test_dataset_three_epochs_every_row_exactly_once_per_epoch_in_whole_batches(spark, sc, tmp_path):
+    """feed.dataset() cuts batches from the Arrow chunks in blocks: with 37-row batches over
+    50-row chunks, batches span chunks; only each node's last batch may be short."""
+    rdd, n = uneven_rdd(sc)
+    df = spark.createDataFrame(rdd.map(lambda r: (r[0], [float(v) for v in r[1]])), "id long, vec array<float>")
+    cluster = TFCluster.run(sc, count_ids_through_dataset, str(tmp_path), 2, 0, input_mode=InputMode.SPARK,
+                            master_node="chief")
+    assert cluster.train(df, num_epochs=3, chunk_rows=50) == 3 * n
+    cluster.shutdown(timeout=120)
+    check_ids(tmp_path, n, 3)
+    for i in range(2):
+        sizes = json.loads((tmp_path / f"ids-{i}.json").read_text())["sizes"]
+        assert set(sizes[:-1]) == {37} and 0 < sizes[-1] <= 37, sizes
+
+
+def dataset_inference(args, ctx):
+    """Inference through feed.dataset(): it reads ahead on a tf.data thread while this loop
+    answers each batch."""
+    feed = ctx.get_data_feed(train_mode=False)
+    for ids, vec in feed.dataset(5):
+        feed.batch_results([{"id": int(i), "sum": float(v)} for i, v in zip(ids.numpy(), np.sum(vec.numpy(), 1))])
+
+
+def test_inference_through_dataset_answers_every_row_once_in_order(sc):
+    rdd, n = uneven_rdd(sc, 400)
+    cluster = TFCluster.run(sc, dataset_inference, None, 2, 0, input_mode=InputMode.SPARK, master_node="chief")
+    try:
+        out = cluster.inference(rdd, chunk_rows=16)
+        per_part_in = rdd.glom().map(lambda p: [int(r[0]) for r in p]).collect()
+        assert out.glom().map(lambda p: [r["id"] for r in p]).collect() == per_part_in
+        assert all(r["sum"] == 8.0 * r["id"] for r in out.collect())
+    finally:
+        cluster.shutdown(timeout=60)
+
+
 def tfos_style_inference(args, ctx):
     feed = TFNode.DataFeed(ctx.mgr, False)
     while not feed.should_stop():

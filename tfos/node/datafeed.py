@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import threading
 import time
 
 import numpy as np
@@ -19,6 +20,13 @@ from tfos.node.hub import CLOSE, DATA, END, PART, FeedHub, Origin
 from tfos.wire import arrow
 
 logger = logging.getLogger(__name__)
+
+
+def _batches_of_block(*block):
+    """A block (k, rows, ...) -> a dataset of its k batches, sliced in TF (no copy per batch)."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(block[0] if len(block) == 1 else block)
 
 
 class DataFeed:
@@ -50,6 +58,8 @@ class DataFeed:
         self._origin: Origin | None = None
         self._offset = 0
         self._pending: collections.deque = collections.deque()  # [origin, rows awaiting results]
+        # dataset() reads ahead on a tf.data thread while main_fun calls batch_results()
+        self._pending_lock = threading.Lock()
         self.rows_read = 0
         self._feed_rows: collections.Counter = collections.Counter()
         self.wait_secs = 0.0
@@ -92,10 +102,11 @@ class DataFeed:
             take = min(n - got, self._batch.num_rows - self._offset)
             out.append(self._batch.slice(self._offset, take))
             if not self._origin.train:
-                if self._pending and self._pending[-1][0] is self._origin:
-                    self._pending[-1][1] += take
-                else:
-                    self._pending.append([self._origin, take])
+                with self._pending_lock:
+                    if self._pending and self._pending[-1][0] is self._origin:
+                        self._pending[-1][1] += take
+                    else:
+                        self._pending.append([self._origin, take])
             self._offset += take
             got += take
             if self._offset >= self._batch.num_rows:
@@ -133,16 +144,17 @@ class DataFeed:
         pos = 0
         total = len(results)
         while pos < total:
-            if not self._pending:
-                raise FeedError(f"batch_results got {total - pos} more results than rows read")
-            origin, rows = self._pending[0]
-            k = min(rows, total - pos)
+            with self._pending_lock:
+                if not self._pending:
+                    raise FeedError(f"batch_results got {total - pos} more results than rows read")
+                origin, rows = self._pending[0]
+                k = min(rows, total - pos)
+                if k == rows:
+                    self._pending.popleft()
+                else:
+                    self._pending[0][1] -= k
             origin.add_results(results[pos:pos + k] if isinstance(results, list) else list(results[pos:pos + k]))
             pos += k
-            if k == rows:
-                self._pending.popleft()
-            else:
-                self._pending[0][1] -= k
 
     def terminate(self) -> None:
         """Stop reading: Spark skips the rest of the feed (data in flight is discarded), no error."""
@@ -178,48 +190,77 @@ class DataFeed:
             got = self._columns(self._take(batch_size))
             if got is None:
                 continue
-            schema, cols = got
-            kind = (schema.metadata or {}).get(arrow.ROW_KIND, b"tuple").decode()
-            if self.input_mapping:
-                yield {t: cols[schema.names.index(c)] for c, t in self.input_mapping.items()}
-            elif kind == "dict":
-                yield dict(zip(schema.names, cols))
-            elif kind == "scalar":
-                yield cols[0]
-            else:
-                yield tuple(cols)
+            yield self._shaped(*got)
+
+    def _shaped(self, schema, cols):
+        """Column arrays in the shape the rows were fed as: tuple, dict, scalar, or input_mapping."""
+        kind = (schema.metadata or {}).get(arrow.ROW_KIND, b"tuple").decode()
+        if self.input_mapping:
+            return {t: cols[schema.names.index(c)] for c, t in self.input_mapping.items()}
+        if kind == "dict":
+            return dict(zip(schema.names, cols))
+        if kind == "scalar":
+            return cols[0]
+        return tuple(cols)
+
+    def _blocks(self, batch_size: int):
+        """Like :meth:`batches`, but each item holds as many whole batches as the Arrow chunk at
+        hand provides, stacked: arrays of shape ``(k, batch_size, ...)``; only the last rows of a
+        feed (or of a partition, in inference mode) come as ``(1, r, ...)`` with r < batch_size.
+        One item per chunk instead of per batch keeps Python out of the per-batch path of
+        :meth:`dataset`. The arrays are views of the Arrow buffers where the rows lie in one chunk."""
+        while not self.done:
+            slices = self._take(batch_size)
+            got = sum(s.num_rows for s in slices)
+            if got == batch_size and self._batch is not None:  # and every whole batch left in this chunk
+                more = (self._batch.num_rows - self._offset) // batch_size * batch_size
+                if more:
+                    slices += self._take(more)
+                    got += more
+            found = self._columns(slices)
+            if found is None:
+                continue
+            schema, cols = found
+            full = got // batch_size * batch_size
+            parts = [(full // batch_size, batch_size, 0, full)] if full else []
+            if got > full:
+                parts.append((1, got - full, full, got))
+            for k, rows, lo, hi in parts:
+                yield schema, [c[lo:hi].reshape((k, rows) + c.shape[1:]) for c in cols]
 
     def dataset(self, batch_size: int, output_signature=None, dtypes=None):
         """A ``tf.data.Dataset`` of ready batches from the feed (element spec inferred from the first
         batch unless ``output_signature`` is given; ``dtypes`` casts columns, e.g. {0: tf.float32}).
+
+        Batches are cut from the Arrow chunks in blocks (one Python call per chunk, not per batch;
+        TF slices each block into its batches without a copy) and prefetched in the background, so
+        reading the feed overlaps the training step.
 
         Under MultiWorkerMirroredStrategy set ``AutoShardPolicy.OFF`` on this dataset (each node's
         feed is already its own shard) and iterate it to exhaustion.
         """
         import tensorflow as tf
 
-        gen = self.batches(batch_size)
-        first = next(gen, None)
+        blocks = self._blocks(batch_size)
+        first = next(blocks, None)
 
-        def spec_of(a):
-            return tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype) if a.dtype != object else tf.string)
+        def spec_of(a):  # a batch's spec, from a block (k, rows, ...)
+            return tf.TensorSpec((None,) + a.shape[2:], tf.as_dtype(a.dtype) if a.dtype != object else tf.string)
 
         if output_signature is None:
             if first is None:
                 raise FeedError("the feed ended before any data arrived; give output_signature explicitly")
-            if isinstance(first, dict):
-                output_signature = {k: spec_of(v) for k, v in first.items()}
-            elif isinstance(first, tuple):
-                output_signature = tuple(spec_of(v) for v in first)
-            else:
-                output_signature = spec_of(first)
+            output_signature = tf.nest.map_structure(spec_of, self._shaped(*first))
 
         def generate():
             if first is not None:
-                yield first
-            yield from gen
+                yield self._shaped(*first)
+            for block in blocks:
+                yield self._shaped(*block)
 
-        ds = tf.data.Dataset.from_generator(generate, output_signature=output_signature)
+        block_signature = tf.nest.map_structure(lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype),
+                                                output_signature)
+        ds = tf.data.Dataset.from_generator(generate, output_signature=block_signature)
         if dtypes:
             def cast(*xs):
                 xs = list(xs)
@@ -227,6 +268,7 @@ class DataFeed:
                     xs[j] = tf.cast(xs[j], dt)
                 return tuple(xs)
             ds = ds.map(cast)
+        ds = ds.flat_map(_batches_of_block).prefetch(tf.data.AUTOTUNE)
         from tfos.tf.datasets import no_autoshard
 
         return no_autoshard(ds)

@@ -1,0 +1,136 @@
+"""Where a TF process spends its time reading a feed: the consumer side alone, in one process.
+
+A producer thread puts the same Arrow chunks the feeding tasks send (784 float32 + int64 label,
+about 4 MiB each) into a real FeedHub queue, as the hub's connection threads do after reading a
+socket; the main thread reads them through each DataFeed path at each batch size:
+
+  batches     feed.batches(B), a Python loop counting rows
+  dataset     feed.dataset(B), consumed in the graph (Dataset.reduce counting rows)
+  dataset-py  feed.dataset(B), a Python `for` loop over the dataset (what eager custom loops do)
+  next_batch  feed.next_batch(B) row lists (TensorFlowOnSpark's API), counting rows
+
+Prints rows/s, MB/s and each path's ratio to batches at the same batch size.
+Run:  bash scripts/bench.sh feed_consumer [--rows N] [--batch 64,256,1024] [--profile DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import os
+import pstats
+import sys
+import threading
+import time
+
+import numpy as np
+
+ROW_BYTES = 784 * 4 + 8
+
+
+def make_chunk(rows: int):
+    from tfos.wire import arrow
+
+    rng = np.random.default_rng(0)
+    x = rng.random((rows, 784), dtype=np.float32)
+    return arrow.rows_to_batch([(x[i], i % 10) for i in range(rows)])
+
+
+def start_producer(hub, chunk, total_rows: int, feed_id: str) -> threading.Thread:
+    from tfos.node.hub import DATA, END, Origin
+
+    q = hub.queue("input")
+    origin = Origin(None, train=True)
+    stop = threading.Event()
+
+    def produce():
+        sent = 0
+        while sent < total_rows:
+            b = chunk if total_rows - sent >= chunk.num_rows else chunk.slice(0, total_rows - sent)
+            q.put((DATA, b, origin, feed_id), stop)
+            sent += b.num_rows
+        q.put((END, feed_id, sent), stop)
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    return t
+
+
+def consume(path: str, feed, batch: int) -> int:
+    import tensorflow as tf
+
+    n = 0
+    if path == "batches":
+        for _x, labels in feed.batches(batch):
+            n += len(labels)
+    elif path == "dataset":
+        ds = feed.dataset(batch)
+        n = int(ds.reduce(tf.constant(0, tf.int64), lambda acc, b: acc + tf.shape(b[1], out_type=tf.int64)[0]))
+    elif path == "dataset-py":
+        for _x, labels in feed.dataset(batch):
+            n += int(labels.shape[0])
+    elif path == "next_batch":
+        while not feed.should_stop():
+            n += len(feed.next_batch(batch))
+    else:
+        raise ValueError(path)
+    return n
+
+
+def run(path: str, batch: int, rows: int, chunk, profile_dir: str | None) -> float:
+    from tfos.node.datafeed import DataFeed
+    from tfos.node.hub import FeedHub
+
+    hub = FeedHub("bench-secret", queue_chunks=4).start()
+    try:
+        feed = DataFeed(hub, train_mode=True)
+        producer = start_producer(hub, chunk, rows, f"{path}-{batch}")
+        prof = cProfile.Profile() if profile_dir else None
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        n = consume(path, feed, batch)
+        if prof:
+            prof.disable()
+        secs = time.perf_counter() - t0
+        producer.join(10)
+        if n != rows:
+            raise RuntimeError(f"{path} at batch {batch} read {n} rows, expected {rows}")
+        if prof:
+            os.makedirs(profile_dir, exist_ok=True)
+            out = os.path.join(profile_dir, f"{path}-{batch}.txt")
+            with open(out, "w") as f:
+                pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(30)
+        return rows / secs
+    finally:
+        hub.close()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--batch", default="64,256,1024")
+    p.add_argument("--paths", default="batches,dataset,dataset-py,next_batch")
+    p.add_argument("--profile", default=None, help="write cProfile tables of each run into this directory")
+    args = p.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    importlib.import_module("tensorflow")  # imported once, before any timing
+
+    chunk = make_chunk(max(64, 4 * 1024 * 1024 // ROW_BYTES))
+    paths = args.paths.split(",")
+    print(f"{'batch':>6} {'path':<11} {'rows/s':>10} {'MB/s':>8} {'x batches':>9}")
+    for batch in (int(b) for b in args.batch.split(",")):
+        run("batches", batch, min(args.rows, 20_000), chunk, None)  # warm-up
+        base = None
+        for path in paths:
+            rows = args.rows if path != "next_batch" else max(batch, args.rows // 20)
+            rate = run(path, batch, rows, chunk, args.profile)
+            base = rate if path == "batches" else base
+            ratio = f"{rate / base:.2f}" if base else "-"
+            print(f"{batch:>6} {path:<11} {rate:>10.0f} {rate * ROW_BYTES / 1e6:>8.1f} {ratio:>9}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    main()

@@ -4,7 +4,7 @@ set -euo pipefail
 TFOS_EXTRAS="tf,spark,test"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
-name="${1:?usage: scripts/bench.sh feed|allreduce|restart [args]}"; shift
+name="${1:?usage: scripts/bench.sh feed|feed_consumer|allreduce|restart [args]}"; shift
 if [ "$name" = "feed" ] && ! python -c "import tensorflowonspark" 2>/dev/null; then
   python -m pip install -q --no-deps "tensorflowonspark==2.2.5"
 fi

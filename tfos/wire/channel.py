@@ -195,15 +195,7 @@ class Channel:
                 if remaining <= 0:
                     raise socket.timeout("handshake deadline passed")
                 self.sock.settimeout(remaining)
-            try:
-                k = self.sock.recv_into(memoryview(buf)[got:], len(buf) - got)
-            except socket.timeout:
-                raise
-            except ConnectionError as e:
-                raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
-            if k == 0:
-                raise ChannelClosed(f"connection to {self.peer} closed")
-            got += k
+            got += self._recv_some(memoryview(buf)[got:])
         return buf
 
     def _recv_data(self, n: int):
@@ -220,15 +212,19 @@ class Channel:
                 with memoryview(bigger) as dst, memoryview(buf) as src:
                     dst[:got] = src
                 buf = bigger
-            try:
-                with memoryview(buf) as view:
-                    k = self.sock.recv_into(view[got:], buf.size - got)
-            except ConnectionError as e:
-                raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
-            if k == 0:
-                raise ChannelClosed(f"connection to {self.peer} closed")
-            got += k
+            with memoryview(buf) as view:
+                got += self._recv_some(view[got:])
         return buf
+
+    def _recv_some(self, view: memoryview) -> int:
+        """Receive at least one byte into ``view``; ChannelClosed when the peer is gone."""
+        try:
+            k = self.sock.recv_into(view, len(view))
+        except ConnectionError as e:
+            raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
+        if k == 0:
+            raise ChannelClosed(f"connection to {self.peer} closed")
+        return k
 
     def close(self) -> None:
         try:

@@ -93,3 +93,24 @@ def ps_checkpointed_steps(args, ctx):
     with open(os.path.join(args["out"], "ps-chief.json"), "w") as f:
         json.dump({"attempt": ctx.attempt, "resumed_from": resumed_from, "steps": int(opt.iterations.numpy()),
                    "first_step_time": first}, f)
+
+
+def kill_rank_1_at_half_and_check(cluster, planned: int, out) -> list[dict]:
+    """Restart tests with TENSORFLOW-mode digits: SIGKILL node 1's TF process once every node
+    reported ``planned // 2`` steps, wait for the run, and check the restart: attempt 1 on every
+    rank, the planned step count (resumed, not redone). Returns the ranks' attempt records."""
+    import signal
+
+    from tfos.testing import wait_for
+
+    assert wait_for(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= planned // 2, 600,
+                    interval=0.02)
+    os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+    cluster.shutdown(timeout=900)
+    # the killed node is among the causes (its peer's collective may have failed first)
+    assert cluster.attempt == 1 and {r.attempt for r in cluster.restarts} == {0}
+    assert any(r.node_index == 1 and "killed by signal 9" in r.cause for r in cluster.restarts), cluster.restarts
+    ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["attempt"] == 1 for r in ranks)
+    assert all(r["steps"] == planned for r in ranks), ranks  # the planned count, not planned plus a redo
+    return ranks

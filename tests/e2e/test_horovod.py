@@ -1,8 +1,6 @@
 """Horovod backend end to end (runs in the TF 2.15 + Horovod 0.28.1 environment; see .ci/run)."""
 
 import json
-import os
-import signal
 from types import SimpleNamespace
 
 import numpy as np
@@ -40,8 +38,9 @@ def test_horovod_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster,
     import digits_horovod
     import digits_tf
 
+    from restart_programs import kill_rank_1_at_half_and_check
+
     from tfos import InputMode
-    from tfos.testing import wait_for
 
     data, out = tmp_path / "data", tmp_path / "out"
     rows = digits_tf.prepare_shards(str(data))["train_rows"]
@@ -51,16 +50,7 @@ def test_horovod_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster,
     cluster = tfos_cluster(2, 0, backend="horovod", max_restarts=1, restart_backoff=1, stop_grace_secs=2,
                            report_interval=0.2, checkpoint_dir=str(tmp_path / "ckpt"))
     cluster.start(digits_horovod.main_fun, args, input_mode=InputMode.TENSORFLOW)
-    assert wait_for(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= planned // 2, 600,
-                    interval=0.02)
-    os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
-    cluster.shutdown(timeout=900)
-
-    assert cluster.attempt == 1 and {r.attempt for r in cluster.restarts} == {0}
-    assert any(r.node_index == 1 and "killed by signal 9" in r.cause for r in cluster.restarts), cluster.restarts
-    ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in range(2)]
-    assert all(r["attempt"] == 1 for r in ranks)
-    assert all(r["steps"] == planned for r in ranks), ranks  # optimizer iterations restored, not redone
+    ranks = kill_rank_1_at_half_and_check(cluster, planned, out)  # optimizer iterations restored, not redone
     assert ranks[0]["first_epoch"] == ranks[1]["first_epoch"]
     assert args.epochs // 2 - 3 <= ranks[0]["first_epoch"] < args.epochs, ranks  # from the checkpoint
     result = json.loads((out / "result.json").read_text())

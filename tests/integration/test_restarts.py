@@ -16,7 +16,7 @@ from tfos import InputMode, NonRetryable
 from tfos.errors import NodeFailedError, ReservationTimeoutError
 from tfos.testing import wait_for
 
-from restart_programs import checkpointed_steps
+from restart_programs import checkpointed_steps, kill_rank_1_at_half_and_check
 
 
 @pytest.mark.slow
@@ -32,17 +32,7 @@ def test_mwms_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster, tm
     cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=1, stop_grace_secs=2, report_interval=0.2,
                            checkpoint_dir=str(tmp_path / "ckpt"))
     cluster.start(digits_tf.main_fun, args, input_mode=InputMode.TENSORFLOW)
-    assert wait_for(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= planned // 2, 600,
-                    interval=0.02)
-    os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
-    cluster.shutdown(timeout=900)
-
-    # the killed node is among the causes (its peer's collective may have failed first)
-    assert cluster.attempt == 1 and {r.attempt for r in cluster.restarts} == {0}
-    assert any(r.node_index == 1 and "killed by signal 9" in r.cause for r in cluster.restarts), cluster.restarts
-    ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in range(2)]
-    assert all(r["attempt"] == 1 for r in ranks)
-    assert all(r["steps"] == planned for r in ranks)  # the planned count, not planned plus a redo
+    ranks = kill_rank_1_at_half_and_check(cluster, planned, out)
     assert all(planned // 2 - 10 <= r["resumed_from"] < planned for r in ranks), ranks  # from the checkpoint
     result = json.loads((out / "result.json").read_text())
     assert result["accuracy"] >= 0.9 and result["attempt"] == 1

@@ -44,7 +44,6 @@ def tf_process_command(python: str) -> list[str]:
     return [python, "-u", "-m", TF_PROCESS_MODULE]
 
 
-
 #: glibc malloc settings for the TF process. Feed chunks and tensors are MiB-sized buffers that
 #: glibc by default maps and unmaps (or trims) on every allocation, so each new one page-faults
 #: its memory in again; measured with bench/feed_consumer.py, keeping freed memory for reuse made

@@ -9,8 +9,9 @@ progress bar, timeline and TensorBoard (``progress``, ``tensorboard``), the MLfl
 It stays one module of about 700 lines because it is the facade: most of its length is the
 public methods' signatures and docstrings (reserve, run, run_script, start, train, inference,
 shutdown); the work behind them lives in the modules above. What it does itself is the order of
-things: the start of each attempt (``_launch``) and the restart after a node failure
-(``_recover``; the decision is ``lifecycle.restart_refusal``).
+things: the start of each attempt (``_launch``), the restart after a node failure
+(``_recover``; the decision is ``lifecycle.restart_refusal``) and going on without a node the
+backend can lose (``_tolerate_loss``; the decision is ``lifecycle.loss_tolerated``).
 """
 
 from __future__ import annotations

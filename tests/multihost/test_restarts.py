@@ -35,6 +35,22 @@ def test_whole_host_killed_mid_training_restarts_on_the_other_hosts(mh_sc, hosts
         hosts.restart_worker(host)
 
 
+def _ps_run_past_step_60(sc, tmp_path, num_executors: int):
+    """backend='ps' (one ps, the chief, the rest workers) running ps_checkpointed_steps for 200
+    steps with max_restarts=1; returns (cluster, chief's node index) once the chief reported step
+    60. The cluster is aborted if it gets no further."""
+    cluster = TFCluster.run(sc, ps_checkpointed_steps, {"steps": 200, "out": str(tmp_path)}, num_executors, 1,
+                            master_node="chief", backend="ps", max_restarts=1, restart_backoff=1,
+                            checkpoint_dir=str(tmp_path / "ckpt"), reservation_timeout=180, **FAST)
+    try:
+        chief = next(n["node_index"] for n in cluster.nodes if n["job_name"] == "chief")
+        assert wait_for(lambda: cluster.metrics()[chief].get("step", 0) >= 60, 180), cluster.metrics()
+    except BaseException:
+        cluster._abort(TFOSError("the test ended"))
+        raise
+    return cluster, chief
+
+
 def test_parameter_server_killed_restarts_every_node_and_the_chief_resumes(mh_sc, tmp_path, record_property):
     """backend='ps' on the three hosts (ps, chief, worker): a lost ps takes the variables with it,
     which TF's ClusterCoordinator cannot survive (join() raises), so tfos restarts all nodes and
@@ -42,12 +58,8 @@ def test_parameter_server_killed_restarts_every_node_and_the_chief_resumes(mh_sc
     import os
     import signal
 
-    cluster = TFCluster.run(mh_sc, ps_checkpointed_steps, {"steps": 200, "out": str(tmp_path)}, 3, 1,
-                            master_node="chief", backend="ps", max_restarts=1, restart_backoff=1,
-                            checkpoint_dir=str(tmp_path / "ckpt"), reservation_timeout=180, **FAST)
+    cluster, _chief = _ps_run_past_step_60(mh_sc, tmp_path, 3)
     try:
-        chief = next(n["node_index"] for n in cluster.nodes if n["job_name"] == "chief")
-        assert wait_for(lambda: cluster.metrics()[chief].get("step", 0) >= 60, 180), cluster.metrics()
         ps = next(n for n in cluster.nodes if n["job_name"] == "ps")
         t_kill = time.time()
         os.kill(ps["pid"], signal.SIGKILL)
@@ -72,12 +84,12 @@ def test_parameter_server_worker_lost_the_coordinator_goes_on_without_it(mh_sc, 
 
     hosts.add_worker(hosts.hosts[0])
     wait_executors(mh_sc, 4)
-    cluster = TFCluster.run(mh_sc, ps_checkpointed_steps, {"steps": 200, "out": str(tmp_path)}, 4, 1,
-                            master_node="chief", backend="ps", max_restarts=1, restart_backoff=1,
-                            checkpoint_dir=str(tmp_path / "ckpt"), reservation_timeout=180, **FAST)
     try:
-        chief = next(n["node_index"] for n in cluster.nodes if n["job_name"] == "chief")
-        assert wait_for(lambda: cluster.metrics()[chief].get("step", 0) >= 60, 180), cluster.metrics()
+        cluster, chief = _ps_run_past_step_60(mh_sc, tmp_path, 4)
+    except BaseException:
+        hosts.remove_extra_workers()
+        raise
+    try:
         victim = next(n for n in cluster.nodes if n["job_name"] == "worker")
         at_kill = cluster.metrics()[chief]["step"]
         t_kill = time.time()

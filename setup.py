@@ -24,6 +24,9 @@ setup(
                  "mlflow>=3,<4"],
         "tensorboard": ["tensorboard"],
         "horovod": ["horovod>=0.28"],
+        # Gloo CPU all-reduce for tfos.keras_dist (PyTorch's torch.distributed). Take the CPU wheel
+        # (~190 MB): pip install torch --index-url https://download.pytorch.org/whl/cpu
+        "gloo": ["torch>=2.3"],
         "mlflow": ["mlflow>=3,<4"],
         "all": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'",
                 "tensorboard", "pyspark>=3.5", "pandas>=2.2,<3", "tf-keras", "scikit-learn"],

@@ -8,8 +8,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-STAMP="$VENV/.tfos-installed-$(cat "$ROOT/setup.py" | sha1sum | cut -c1-12)-${TFOS_EXTRAS//,/-}"
+# $TFOS_PINS: exact versions installed first (torch==2.13.0 is the CPU wheel on this machine's disk;
+# the "gloo" extra's torch>=2.3 is then already satisfied and pip fetches no CUDA build).
+PINS="${TFOS_PINS:-}"
+STAMP="$VENV/.tfos-installed-$(cat "$ROOT/setup.py" | sha1sum | cut -c1-12)-${TFOS_EXTRAS//,/-}-${PINS//[ =]/-}"
 if [ ! -f "$STAMP" ]; then
+  if [ -n "$PINS" ]; then
+    "$VENV/bin/python" -m pip install -q $PINS
+  fi
   "$VENV/bin/python" -m pip install -q -e "$ROOT[$TFOS_EXTRAS]"
   touch "$STAMP"
 fi

@@ -7,7 +7,8 @@
 # own TF 2.15 environment (scripts/horovod_env.sh).
 # Extra arguments go to the main pytest run and skip the other parts (e.g. -m "not slow").
 set -euo pipefail
-TFOS_EXTRAS="tf,spark,connect,test"
+TFOS_EXTRAS="tf,spark,connect,test,gloo"
+TFOS_PINS="torch==2.13.0"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 # Run one pytest session; pytest's exit code 5 (no test collected) fails on purpose.

@@ -66,6 +66,11 @@ class NonRetryable(TFOSError):
     ``raise tfos.NonRetryable("...") from e`` keeps the cause in the traceback."""
 
 
+class CollectiveError(TFOSError):
+    """A collective (all-reduce, broadcast) of the TF processes failed: a peer died, a connection
+    broke, or a peer did not join before the collective's timeout."""
+
+
 class ClusterStateError(TFOSError):
     """An API call that the cluster's current state does not allow."""
 

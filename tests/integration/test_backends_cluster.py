@@ -155,3 +155,45 @@ def test_user_backend_subclass_runs_its_node_hooks_on_the_nodes(tfos_cluster, tm
         assert mark == f"custom-{i}"
         assert driver_modules == ""  # the TF process never loads driver modules
         assert (tmp_path / f"hooked-{i}").read_text() == "custom"
+
+
+def gloo_peer_killed_main(args, ctx):
+    """Gloo all-reduces of 32 MiB in a loop; rank 1 SIGKILLs itself from a timer thread, that is
+    in the middle of an all-reduce, after writing the time of the kill."""
+    import signal
+    import threading
+    import time
+
+    import numpy as np
+
+    from tfos import keras_dist
+
+    keras_dist.init_collectives(implementation="gloo")
+    if ctx.rank == 1:
+        def kill():
+            with open(args["killed_at"], "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Timer(3.0, kill).start()
+    big = np.ones(8 << 20, "float32")
+    for _ in range(100_000):
+        keras_dist.allreduce(big)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("tfos.tf.gloo").tf.gloo.installed(), reason="PyTorch (tfos[gloo]) is not installed")
+def test_gloo_peer_killed_mid_allreduce_fails_the_cluster_within_30_s(tfos_cluster, tmp_path):
+    import time
+
+    from tfos.errors import NodeFailedError
+
+    killed_at = tmp_path / "killed_at"
+    cluster = tfos_cluster(2, 0)
+    cluster.start(gloo_peer_killed_main, {"killed_at": str(killed_at)})
+    with pytest.raises(NodeFailedError) as exc:
+        cluster.shutdown(timeout=120)
+    delay = time.time() - float(killed_at.read_text())
+    print(f"kill -> NodeFailedError: {delay:.1f} s; {exc.value}")
+    assert delay < 30
+    assert any(f.node_index == 1 for f in exc.value.failures)

@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from tfos.tf import gloo
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RUN_TIMEOUT = 180.0  # seconds for one 2-worker run (measured: ~15-25 s on 2 cores)
@@ -33,7 +35,8 @@ def _primitives(opts) -> int:
     """allreduce / broadcast / DistributedOptimizer.apply on known values, eager and in tf.function."""
     from tfos import keras_dist
 
-    rank, size = keras_dist.init_collectives(method=opts.method, timeout_seconds=opts.collective_timeout)
+    rank, size = keras_dist.init_collectives(method=opts.method, timeout_seconds=opts.collective_timeout,
+                                             implementation=opts.implementation)
     import keras
     import numpy as np
     import tensorflow as tf
@@ -65,6 +68,11 @@ def _primitives(opts) -> int:
     out["u"] = np.asarray(u).tolist()
     out["opt_class"] = type(opt).__name__
     out["opt_config_name"] = keras.optimizers.serialize(opt)["class_name"]
+    out["implementation"] = keras_dist._state.implementation
+    big = np.arange(5_000_000, dtype="float32") * (rank + 1)  # > gloo.CHUNK_BYTES: copied in chunks
+    out["big_ok"] = bool(np.array_equal(keras_dist.allreduce(big, average=False).numpy(), big / (rank + 1) * 3))
+    out["big_unchanged"] = bool(np.array_equal(big, np.arange(5_000_000, dtype="float32") * (rank + 1)))
+    out["bf16"] = keras_dist.allreduce(tf.constant([rank + 1.0], tf.bfloat16)).numpy().astype("float32").tolist()
     with open(opts.out, "w") as f:
         json.dump(out, f)
     return 0
@@ -76,7 +84,8 @@ def _worker(opts) -> int:
     t0 = time.time()
     from tfos import keras_dist
 
-    rank, size = keras_dist.init_collectives(method=opts.method, timeout_seconds=opts.collective_timeout)
+    rank, size = keras_dist.init_collectives(method=opts.method, timeout_seconds=opts.collective_timeout,
+                                             implementation=opts.implementation)
     t_init = time.time() - t0
 
     import hashlib
@@ -128,6 +137,7 @@ def _worker_main(argv) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--mode", default="fit")
     p.add_argument("--method", default="strategy")
+    p.add_argument("--implementation", default="auto")
     p.add_argument("--steps-per-execution", type=int, default=1)
     p.add_argument("--no-broadcast", action="store_true")
     p.add_argument("--no-dist-opt", action="store_true")
@@ -196,6 +206,7 @@ def run_workers(n=2, timeout=RUN_TIMEOUT, extra_args=(), attempts=2, chief=None,
     on exit."""
     for attempt in range(attempts):
         tmp = str(workdir) if workdir is not None else tempfile.mkdtemp(prefix="tfos-kd-")
+        os.makedirs(tmp, exist_ok=True)
         socks = _free_ports(n)
         hosts = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
         procs, logs = [], []
@@ -404,16 +415,47 @@ def _check(results, tmp, min_acc=0.90, bitwise=True):
     assert np.allclose(results[0]["loss"], results[1]["loss"], rtol=1e-6)
 
 
+needs_gloo = pytest.mark.skipif(not gloo.installed(), reason="PyTorch (tfos[gloo]) is not installed")
+
+
+@pytest.mark.parametrize("requested,communication,installed,gpus,expected", [
+    ("auto", "auto", True, 0, "gloo"),   # CPU host with PyTorch: Gloo by default
+    ("auto", "auto", False, 0, "tf"),    # no PyTorch: TF's RING (and a hint in the log)
+    ("auto", "auto", True, 2, "tf"),     # GPU host: NCCL through TF
+    ("auto", "ring", True, 0, "tf"),     # an explicit TF communication asks for TF
+    ("AUTO", "nccl", True, 0, "tf"),
+    ("tf", "auto", True, 0, "tf"),
+    ("gloo", "auto", True, 2, "gloo"),   # forced, even on GPU hosts
+    ("gloo", "auto", False, 0, ValueError),
+    ("mpi", "auto", True, 0, ValueError),
+])
+def test_choose_implementation_table(requested, communication, installed, gpus, expected):
+    from tfos.tf.collectives import choose_implementation
+
+    if expected is ValueError:
+        with pytest.raises(ValueError):
+            choose_implementation(requested, communication, installed, gpus)
+    else:
+        assert choose_implementation(requested, communication, installed, gpus) == expected
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("chief,method", [("chief", "strategy"), ("master", "strategy"), ("master", "context")])
-def test_primitives_two_workers(tmp_path, chief, method):
+@pytest.mark.parametrize("chief,method,implementation", [
+    ("chief", "strategy", "tf"), ("master", "strategy", "tf"), ("master", "context", "tf"),
+    pytest.param("chief", "strategy", "gloo", marks=needs_gloo), pytest.param("master", "strategy", "auto",
+                                                                              marks=needs_gloo)])
+def test_primitives_two_workers(tmp_path, chief, method, implementation):
     """Exact values: mean/sum all-reduce, broadcast from rank 1 (3 dtypes), optimizer averaging in a
-    traced tf.function called twice and eagerly. Cluster = 1 chief (rank 0) + 1 worker (rank 1);
-    the chief's job may have TF 1.x's name 'master' (``master_node='master'``)."""
-    results, wall, tmp = run_workers(extra_args=["--mode", "primitives", "--method", method], timeout=120,
+    traced tf.function called twice and eagerly, a 20 MB all-reduce (Gloo: copied in chunks; the
+    input stays unchanged), bfloat16. Cluster = 1 chief (rank 0) + 1 worker (rank 1); the chief's
+    job may have TF 1.x's name 'master' (``master_node='master'``). 'auto' is Gloo on this CPU host."""
+    results, wall, tmp = run_workers(extra_args=["--mode", "primitives", "--method", method,
+                                                 "--implementation", implementation], timeout=120,
                                      chief=chief, workdir=tmp_path)
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:
+        assert r["implementation"] == ("tf" if implementation == "tf" else "gloo")
+        assert r["big_ok"] and r["big_unchanged"] and r["bf16"] == [1.5]
         assert r["mean"] == 1.5 and r["sum"] == [3, 20]
         assert r["bcast"] == [[[2.0] * 3] * 2, [6, 8], [3.0] * 4]
         assert r["w"] == [-6.0] * 3
@@ -421,18 +463,36 @@ def test_primitives_two_workers(tmp_path, chief, method):
         assert r["opt_class"] == "SGD" and r["opt_config_name"] == "SGD"
 
 
+IMPLEMENTATIONS = ["tf", pytest.param("gloo", marks=needs_gloo)]
+
+
 @pytest.mark.slow
-def test_fit_two_workers_identical_weights(tmp_path):
-    results, wall, tmp = run_workers(extra_args=["--epochs", "5"], workdir=tmp_path)
-    print(f"fp32: wall {wall:.1f}s, results {results}")
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_fit_two_workers_identical_weights(tmp_path, implementation):
+    results, wall, tmp = run_workers(extra_args=["--epochs", "5", "--implementation", implementation],
+                                     workdir=tmp_path)
+    print(f"fp32 {implementation}: wall {wall:.1f}s, results {results}")
     _check(results, tmp)
 
 
 @pytest.mark.slow
-def test_fit_two_workers_fp16_compression(tmp_path):
-    results, wall, tmp = run_workers(extra_args=["--epochs", "5", "--compression", "fp16"], workdir=tmp_path)
-    print(f"fp16: wall {wall:.1f}s, results {results}")
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_fit_two_workers_fp16_compression(tmp_path, implementation):
+    results, wall, tmp = run_workers(extra_args=["--epochs", "5", "--compression", "fp16", "--implementation",
+                                                 implementation], workdir=tmp_path)
+    print(f"fp16 {implementation}: wall {wall:.1f}s, results {results}")
     _check(results, tmp)
+
+
+@pytest.mark.slow
+@needs_gloo
+def test_gloo_accuracy_within_2_points_of_one_process(tmp_path):
+    """Two ranks with Gloo (each on half of the data) against one process on all of it."""
+    (one,), _, _ = run_workers(n=1, extra_args=["--epochs", "5"], workdir=tmp_path / "one")
+    two, _, tmp = run_workers(extra_args=["--epochs", "5", "--implementation", "gloo"], workdir=tmp_path / "two")
+    _check(two, tmp)
+    print(f"accuracy: one process {one['acc']:.4f}, two Gloo ranks {two[0]['acc']:.4f}")
+    assert abs(two[0]["acc"] - one["acc"]) <= 0.02
 
 
 @pytest.mark.slow
@@ -440,7 +500,7 @@ def test_fit_two_workers_context_method_steps_per_execution(tmp_path):
     """init_collectives(method='context') (no MultiWorkerMirroredStrategy object at all), and
     steps_per_execution=4: the collectives run inside Keras' tf.while_loop/tf.cond."""
     results, wall, tmp = run_workers(
-        extra_args=["--epochs", "5", "--method", "context", "--steps-per-execution", "4"], workdir=tmp_path)
+        extra_args=["--epochs", "5", "--method", "context", "--steps-per-execution", "4", "--implementation", "tf"], workdir=tmp_path)
     print(f"context: wall {wall:.1f}s, results {results}")
     _check(results, tmp)
 

@@ -80,6 +80,9 @@ class _State:
         self.timeout_seconds = 0.0
         self.key_counter = None  # tf.Variable, created on first use
         self._tokens = {}
+        self.implementation = "tf"  # or "gloo": see init_collectives
+        self.gloo = None  # tfos.tf.gloo.Group when implementation == "gloo"
+        self.hint_logged = False
 
 
 _state = _State()
@@ -115,8 +118,12 @@ def _coordinated_jobs(cluster) -> list[tuple[str, int]]:
     return [(job, len(cluster[job])) for job in TRAINING_JOBS if job in cluster]
 
 
+#: Gloo's deadline for its rendezvous and for every collective when timeout_seconds is not given.
+GLOO_TIMEOUT_SECONDS = 600.0
+
+
 def init_collectives(tf_config=None, method: str = "strategy", communication: str = "auto",
-                     timeout_seconds: float | None = None) -> tuple[int, int]:
+                     timeout_seconds: float | None = None, implementation: str = "auto") -> tuple[int, int]:
     """Start the TF server and collective runtime of this worker; return ``(rank, size)``.
 
     Must be called once per process, before any other TensorFlow operation runs (TF can only
@@ -135,7 +142,13 @@ def init_collectives(tf_config=None, method: str = "strategy", communication: st
         communication: ``"auto"``, ``"ring"`` or ``"nccl"``: the communication hint of the
             collectives issued by this module (NCCL needs GPUs).
         timeout_seconds: if set, every collective of this module fails with
-            ``DeadlineExceededError`` after this long instead of waiting forever for a peer.
+            ``DeadlineExceededError`` after this long instead of waiting forever for a peer
+            (Gloo: ``CollectiveError``; its default is ``GLOO_TIMEOUT_SECONDS``).
+        implementation: who runs the collectives. ``"auto"`` (default): Gloo on CPU-only hosts
+            when PyTorch is installed (``pip install 'tfos[gloo]'``; several times TF's RING
+            bandwidth), otherwise TensorFlow's collective ops (GPU hosts: NCCL through TF).
+            ``"tf"`` or ``"gloo"`` force one. With Gloo no TF server is started: rank 0 hosts
+            Gloo's rendezvous on its own TF_CONFIG port, and ``method`` is not used.
 
     Returns:
         ``(rank, size)``; ``(0, 1)`` when there is no TF_CONFIG or only one training task, in
@@ -150,14 +163,49 @@ def init_collectives(tf_config=None, method: str = "strategy", communication: st
     _state.timeout_seconds = float(timeout_seconds or 0.0)
     _state.rank, _state.size = task.rank, task.size
     if _state.size > 1:
+        _state.implementation = _choose_implementation(implementation, _state.communication)
+    if _state.size > 1 and _state.implementation == "gloo":
+        _start_gloo(task, timeout_seconds)
+    elif _state.size > 1:
         if method == "strategy":
             _start_with_strategy(tf_config)
         else:
             _start_with_context(task)
     _state.initialized = True
-    logger.info("keras_dist: rank %d of %d (task %s:%s, method=%s, communication=%s)", _state.rank,
-                _state.size, task.type, task.index, method, _state.communication)
+    logger.info("keras_dist: rank %d of %d (task %s:%s, implementation=%s, method=%s, communication=%s)",
+                _state.rank, _state.size, task.type, task.index, _state.implementation, method, _state.communication)
     return _state.rank, _state.size
+
+
+def _choose_implementation(requested: str, communication: str) -> str:
+    from tfos.tf import gloo
+
+    installed = gloo.installed()
+    num_gpus = 0
+    if requested != "tf" and communication == "auto":
+        import tensorflow as tf
+
+        num_gpus = len(tf.config.list_physical_devices("GPU"))
+    name = collectives.choose_implementation(requested, communication, installed, num_gpus)
+    if name == "tf" and not installed and num_gpus == 0 and not _state.hint_logged:
+        _state.hint_logged = True
+        logger.warning("keras_dist: all-reducing with TensorFlow's RING on CPU; Gloo is several times faster: %s",
+                       gloo.INSTALL_HINT)
+    return name
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+def _start_gloo(task: _Task, timeout_seconds) -> None:
+    from tfos.tf import gloo
+
+    leader_job = _coordinated_jobs(task.cluster)[0][0]
+    store = _split_address(task.cluster[leader_job][0])
+    host, _ = _split_address(task.cluster[task.type][task.index])
+    _state.gloo = gloo.Group(_state.rank, _state.size, store, host, timeout_seconds or GLOO_TIMEOUT_SECONDS)
 
 
 def _start_with_strategy(tf_config) -> None:
@@ -274,12 +322,16 @@ def _check_not_xla() -> None:
                            "model.compile(..., jit_compile=False)")
 
 
-def _all_reduce_flat(flat, average: bool, device, compression):
-    """All-reduce one 1-D tensor across the workers (sum, or mean if ``average``)."""
+def _all_reduce_flat(flat, average: bool, device, compression, owned: bool = False):
+    """All-reduce one 1-D tensor across the workers (sum, or mean if ``average``). ``owned``: no
+    one else reads ``flat`` (it was made for this collective), so Gloo may reduce it in place."""
     from tensorflow.python.ops import collective_ops
 
     n = _state.size
     x, compressed = _compression.compress(flat, compression, n)
+    if _state.gloo is not None:  # the cast of a compressed tensor is a buffer of our own
+        y = _state.gloo.all_reduce(x, owned=owned or compressed, average=average and not compressed)
+        return _compression.decompress(y, flat.dtype, n, average) if compressed else y
     with _on(device):
         y = collective_ops.all_reduce_v2(
             x, group_size=n, group_key=GROUP_KEY, instance_key=_instance_key(),
@@ -328,13 +380,13 @@ def _all_reduce_list(tensors, average=True, compression=None, bytes_per_pack=0, 
         parts = [dense[j] for j in pack]
         shapes = [p.shape if p.shape.is_fully_defined() else tf.shape(p) for p in parts]
         if len(parts) == 1:
-            reduced = [_all_reduce_flat(tf.reshape(parts[0], [-1]), average, device, compression)]
+            reduced = [_all_reduce_flat(tf.reshape(parts[0], [-1]), average, device, compression, owned=False)]
         else:
             sizes = [p.shape.num_elements() for p in parts]
             if any(n is None for n in sizes):
                 sizes = tf.stack([tf.size(p) for p in parts])
             flat = tf.concat([tf.reshape(p, [-1]) for p in parts], axis=0)
-            reduced = tf.split(_all_reduce_flat(flat, average, device, compression), sizes)
+            reduced = tf.split(_all_reduce_flat(flat, average, device, compression, owned=True), sizes)
         for j, r, shape in zip(pack, reduced, shapes):
             out[present[j]] = tf.reshape(r, shape)
     return out
@@ -374,6 +426,13 @@ def broadcast_variables(variables, root_rank: int = 0, device=None) -> None:
     for dtype, vs in by_dtype.items():
         sizes = [int(tf.TensorShape(v.shape).num_elements()) for v in vs]
         total = sum(sizes)
+        if _state.gloo is not None:
+            flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in vs], axis=0)
+            flat = _state.gloo.broadcast(flat, root_rank)
+            if _state.rank != root_rank:
+                for v, part in zip(vs, tf.split(flat, sizes)):
+                    v.assign(tf.reshape(part, tuple(v.shape)))
+            continue
         with _on(device):
             if _state.rank == root_rank:
                 flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in vs], axis=0)

@@ -1,0 +1,142 @@
+"""CPU all-reduce and broadcast of TF tensors over Gloo, through PyTorch's ``torch.distributed``.
+
+Runs in the TF process. TF 2.21's own CPU collectives (MWMS RING) move data at a fraction of
+what the network allows, and Horovod (Gloo) no longer builds for TF >= 2.16. PyTorch's wheel
+ships a maintained Gloo; this module hands TF tensors to it without copying them:
+
+* a ``tf.py_function`` receives the tensor as an EagerTensor whose ``_numpy()`` is a writable
+  view of TF's buffer, and ``torch.from_numpy`` views the same memory, so Gloo reduces TF's
+  buffer in place and the op returns that very tensor;
+* only a buffer that the caller owns (a ``tf.concat`` or ``tf.cast`` made for this collective)
+  is reduced in place; any other tensor is first copied into a fresh tensor, in chunks of
+  ``CHUNK_BYTES`` whose all-reduces start while the next chunk is being copied.
+
+Gloo's TCP connections, like TF's gRPC and Horovod's, are not authenticated by tfos; its
+rendezvous is a ``torch.distributed.TCPStore`` on rank 0. A peer that dies breaks the TCP
+connections at once and every other rank's collective raises :class:`tfos.errors.CollectiveError`;
+a peer that stops answering fails the collective after ``timeout_seconds``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import logging
+
+from tfos.errors import CollectiveError
+
+logger = logging.getLogger(__name__)
+
+#: Copy-and-reduce granularity for tensors that must not be reduced in place.
+CHUNK_BYTES = 16 << 20
+
+#: numpy dtypes Gloo sums natively; other float dtypes (bfloat16) are summed as float32.
+SUMMABLE = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+
+INSTALL_HINT = ("pip install 'tfos[gloo]' (PyTorch's CPU wheel, ~190 MB download; on PyPI plain 'torch' is the "
+                "CUDA build: pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+
+
+def installed() -> bool:
+    """True when ``torch`` (with ``torch.distributed``) can be imported."""
+    return importlib.util.find_spec("torch") is not None
+
+
+class Group:
+    """A Gloo process group of ``size`` ranks; rank 0 hosts the rendezvous store on
+    ``store_address`` (host, port) and every rank's Gloo connections bind to ``host``."""
+
+    def __init__(self, rank: int, size: int, store_address: tuple[str, int], host: str, timeout_seconds: float):
+        import torch.distributed as dist
+
+        self.rank, self.size, self.timeout_seconds = rank, size, float(timeout_seconds)
+        timeout = datetime.timedelta(seconds=self.timeout_seconds)
+        store_host, store_port = store_address
+        try:
+            self._store = dist.TCPStore(store_host, int(store_port), size, is_master=rank == 0, timeout=timeout,
+                                        wait_for_workers=True)
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+            self.pg = dist.ProcessGroupGloo(self._store, rank, size, opts)
+        except Exception as e:
+            raise CollectiveError(
+                f"Gloo rendezvous of rank {rank} of {size} at {store_host}:{store_port} failed within "
+                f"{self.timeout_seconds:g} s: {e}. If the peers are only slow to start, raise "
+                "keras_dist.init_collectives(timeout_seconds=...)") from e
+        logger.info("Gloo group: rank %d of %d on %s (store %s:%s)", rank, size, host, store_host, store_port)
+
+    def _wait(self, works, what: str) -> None:
+        try:
+            for w in works:
+                w.wait()
+        except Exception as e:
+            raise CollectiveError(
+                f"Gloo {what} failed on rank {self.rank} of {self.size}: {e}. A peer died or stopped answering; "
+                f"the timeout is {self.timeout_seconds:g} s (keras_dist.init_collectives(timeout_seconds=...))") from e
+
+    def all_reduce(self, flat, owned: bool, average: bool):
+        """Sum (or mean, if ``average``) the 1-D tensor ``flat`` over the group's ranks. Works eagerly
+        and inside ``tf.function``; ``flat`` is reduced in place when ``owned`` (its buffer is not
+        read by anything else), otherwise into a fresh tensor."""
+        import tensorflow as tf
+
+        dtype = flat.dtype
+        if dtype.name not in SUMMABLE:
+            if not dtype.is_floating:
+                raise TypeError(f"Gloo all-reduce cannot sum {dtype.name} tensors")
+            wide = self.all_reduce(tf.cast(flat, tf.float32), owned=True, average=average)
+            return tf.cast(wide, dtype)
+        y = tf.py_function(lambda x: self._all_reduce_eager(x, owned, average), [flat], dtype)
+        y.set_shape(flat.shape)
+        return y
+
+    def _all_reduce_eager(self, x, owned: bool, average: bool):
+        import numpy as np
+        import tensorflow as tf
+        import torch
+
+        src = x._numpy()  # a writable view of TF's buffer (public .numpy() copies)
+        if owned:
+            out, dst = x, src
+            works = [self.pg.allreduce([torch.from_numpy(dst)])] if dst.size else []
+        else:
+            out = tf.raw_ops.Empty(shape=tf.shape(x), dtype=x.dtype)
+            dst = out._numpy()
+            view = torch.from_numpy(dst)
+            step = max(1, CHUNK_BYTES // max(1, dst.itemsize))
+            works = []
+            for i in range(0, dst.size, step):
+                np.copyto(dst[i:i + step], src[i:i + step])
+                works.append(self.pg.allreduce([view[i:i + step]]))
+        self._wait(works, "all-reduce")
+        if average and self.size > 1:
+            if dst.dtype.kind == "f":
+                np.divide(dst, self.size, out=dst)
+            else:
+                np.floor_divide(dst, self.size, out=dst)
+        return out
+
+    def broadcast(self, flat, root_rank: int):
+        """``flat`` (a 1-D tensor, the same shape and dtype on every rank) as it is on ``root_rank``."""
+        import tensorflow as tf
+
+        y = tf.py_function(lambda x: self._broadcast_eager(x, root_rank), [flat], flat.dtype)
+        y.set_shape(flat.shape)
+        return y
+
+    def _broadcast_eager(self, x, root_rank: int):
+        import tensorflow as tf
+        import torch
+        import torch.distributed as dist
+
+        out = tf.raw_ops.Empty(shape=tf.shape(x), dtype=x.dtype)
+        dst = out._numpy()
+        if self.rank == root_rank:
+            dst[...] = x._numpy()
+        if dst.size:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = root_rank
+            raw = torch.from_numpy(dst.reshape(-1).view("uint8"))  # any dtype travels as its bytes
+            self._wait([self.pg.broadcast([raw], opts)], "broadcast")
+        return out

@@ -1,14 +1,24 @@
-"""All-reduce bandwidth of the training backends vs a plain socket copy, 2 ranks on loopback.
+"""All-reduce bandwidth of the training backends vs PyTorch's Gloo, on 2 and 3 ranks on loopback.
 
-For tensor sizes 4 KiB .. 256 MiB (float32), in ONE run:
+For each tensor size (float32, default 16, 64 and 256 MiB) and rank count, in ONE run:
+  * torch Gloo (ref)   torch.distributed's ProcessGroupGloo.allreduce on a torch tensor, in place:
+                       the reference the issue names
+  * tfos gloo          tfos.keras_dist.allreduce(t) with implementation='gloo' (the default on CPU
+                       hosts with PyTorch) inside tf.function: t stays unchanged, so the result is a
+                       new tensor (chunked copy overlapped with the all-reduce)
+  * tfos gloo grads    the DistributedOptimizer path: 4 gradient tensors of size/4 packed with
+                       tf.concat (a buffer of keras_dist's own, reduced in place) and split again
+  * tfos gloo fp16     tfos.keras_dist.allreduce(t, compression='fp16'): half the bytes
+  * tfos gloo bf16     the same with compression='bf16' (Gloo sums bfloat16 faster than float16)
+  * tfos tf            tfos.keras_dist.allreduce with implementation='tf' (TF collective ops)
   * MWMS RING          tf.distribute.MultiWorkerMirroredStrategy, CommunicationImplementation.RING
-  * MWMS RING packed   the same with bytes_per_pack=4 MiB (TF's tensor fusion)
-  * tfos keras_dist    tfos.keras_dist.allreduce (TF collective ops without a strategy), fp32 and fp16
-  * Horovod Gloo       horovod.tensorflow.allreduce (in the TF 2.15 environment, if built:
+  * Horovod Gloo       horovod.tensorflow.allreduce, 2 ranks only (the TF 2.15 environment, if built:
                        bash scripts/horovod_env.sh)
-  * socket copy        the limit: one process sends the same bytes to another over loopback TCP
-Algorithm bandwidth = tensor bytes / seconds per all-reduce. Prints a table and the ratios to
-the socket copy. Run: bash scripts/bench.sh allreduce [--sizes 4K,1M,64M] [--hvd-python PATH]
+  * socket copy        one process sends the same bytes to another over loopback TCP
+Algorithm bandwidth = tensor bytes / seconds per all-reduce. Prints a table per rank count and
+the ratios of tfos gloo to the torch reference and to MWMS RING.
+Run: bash scripts/bench.sh allreduce [--sizes 16M,64M,256M] [--ranks 2,3] [--hvd-python PATH]
+Workers run with the environment tfos's agent gives a TF process (tfos.agent.supervisor).
 """
 
 from __future__ import annotations
@@ -41,6 +51,14 @@ def iterations(size: int) -> int:
     return max(3, min(200, (256 << 20) // max(size, 1) // 4))
 
 
+def tf_process_env() -> dict:
+    """The environment the tfos agent adds for a TF process (malloc and allocator settings)."""
+    sys.path.insert(0, ROOT)
+    from tfos.agent.supervisor import memory_environment
+
+    return memory_environment(os.environ)
+
+
 def free_ports(n):
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
@@ -52,6 +70,36 @@ def free_ports(n):
 
 
 # ------------------------------------------------------------------ workers
+def timed(fn, size: int) -> float:
+    """Seconds per call of fn (after 2 warm-up calls)."""
+    fn()
+    fn()
+    n = iterations(size)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def worker_torch(rank: int, ports, sizes) -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=300)
+    store = dist.TCPStore("127.0.0.1", ports[0], len(ports), is_master=rank == 0, timeout=timeout)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    pg = dist.ProcessGroupGloo(store, rank, len(ports), opts)
+    out = {}
+    for size in sizes:
+        t = torch.ones(size // 4)
+        out[size] = timed(lambda: pg.allreduce([t]).wait(), size)
+    return out
+
+
 def worker_tf(mode: str, rank: int, ports, sizes, pack: int) -> dict:
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                           "task": {"type": "worker", "index": rank}})
@@ -76,25 +124,27 @@ def worker_tf(mode: str, rank: int, ports, sizes, pack: int) -> dict:
         sys.path.insert(0, ROOT)
         from tfos import keras_dist
 
-        keras_dist.init_collectives()
-        compression = "fp16" if mode == "keras_dist_fp16" else None
+        keras_dist.init_collectives(implementation="tf" if mode == "keras_dist_tf" else "gloo")
+        compression = mode.rsplit("_", 1)[1] if mode.endswith(("fp16", "bf16")) else None
 
-        def make_input(size):
-            return tf.ones([size // 4], tf.float32)
+        if mode == "gloo_grads":
+            def make_input(size):
+                return [tf.ones([size // 16], tf.float32) * (i + 1) for i in range(4)]
 
-        @tf.function
-        def reduce(t):
-            return keras_dist.allreduce(t, average=False, compression=compression)
+            @tf.function
+            def reduce(ts):
+                return keras_dist._all_reduce_list(ts, average=True)
+        else:
+            def make_input(size):
+                return tf.ones([size // 4], tf.float32)
+
+            @tf.function
+            def reduce(t):
+                return keras_dist.allreduce(t, average=False, compression=compression)
+
     for size in sizes:
         t = make_input(size)
-        reduce(t)
-        reduce(t)
-        n = iterations(size)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            r = reduce(t)
-        _ = r.numpy() if hasattr(r, "numpy") else r
-        out[size] = (time.perf_counter() - t0) / n
+        out[size] = timed(lambda: reduce(t), size)  # eager call: returns once the result is computed
     return out
 
 
@@ -116,13 +166,13 @@ def worker_hvd(sizes) -> dict:
     return out if hvd.rank() == 0 else {}
 
 
-def run_pair(mode: str, sizes, pack: int = 0, timeout: float = 900) -> dict:
-    ports = free_ports(2)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+def run_ranks(mode: str, sizes, ranks: int = 2, pack: int = 0, timeout: float = 1800) -> dict:
+    ports = free_ports(ranks)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **tf_process_env())
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, "--rank", str(r),
                                "--ports", ",".join(map(str, ports)), "--pack", str(pack),
                                "--sizes", ",".join(map(str, sizes))], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, env=env, start_new_session=True) for r in range(2)]
+                              stderr=subprocess.DEVNULL, env=env, start_new_session=True) for r in range(ranks)]
     try:
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
@@ -190,7 +240,9 @@ def socket_copy(sizes) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M")
+    p.add_argument("--sizes", default="16M,64M,256M")
+    p.add_argument("--ranks", default="2,3", help="rank counts, e.g. 2,3")
+    p.add_argument("--skip", default="", help="comma-separated columns to leave out, e.g. 'MWMS RING,tfos tf'")
     p.add_argument("--hvd-python", default=os.path.join(ROOT, ".venv-hvd", "bin", "python"))
     p.add_argument("--worker", default=None)
     p.add_argument("--rank", type=int, default=0)
@@ -201,41 +253,58 @@ def main(argv=None):
     if args.worker:
         if args.worker == "horovod":
             res = worker_hvd(sizes)
+        elif args.worker == "torch":
+            res = worker_torch(args.rank, [int(x) for x in args.ports.split(",")], sizes)
         else:
             res = worker_tf(args.worker, args.rank, [int(x) for x in args.ports.split(",")], sizes, args.pack)
         if res and (args.rank == 0 or args.worker == "horovod"):
             print("RESULT " + json.dumps(res), flush=True)
         return 0
 
-    print(f"all-reduce benchmark: 2 ranks on loopback, float32 SUM, {os.cpu_count()} cores")
-    results = {"socket copy (limit)": socket_copy(sizes)}
-    results["MWMS RING"] = run_pair("mwms", sizes)
-    results["MWMS RING bytes_per_pack=4MiB"] = run_pair("mwms", sizes, pack=4 << 20)
-    results["tfos keras_dist"] = run_pair("keras_dist", sizes)
-    results["tfos keras_dist fp16"] = run_pair("keras_dist_fp16", sizes)
-    if os.path.exists(args.hvd_python):
-        try:
-            results["Horovod Gloo (TF 2.15)"] = run_horovod(args.hvd_python, sizes)
-        except Exception as e:  # reported, not hidden
-            print(f"Horovod run failed: {e}")
-    else:
-        print(f"Horovod skipped: {args.hvd_python} not found (bash scripts/horovod_env.sh builds it)")
-
-    names = list(results)
-    print(f"\n{'size':>9} | " + " | ".join(f"{n[:22]:>22}" for n in names) + "   (algorithm bandwidth, MB/s)")
-    for size in sizes:
-        row = [f"{size / results[n][size] / 1e6:22,.0f}" if size in results[n] else f"{'-':>22}" for n in names]
-        print(f"{human(size):>9} | " + " | ".join(row))
-    limit = results["socket copy (limit)"]
-    print("\nratio to the socket copy:")
-    for size in sizes:
-        parts = [f"{n}: {limit[size] / results[n][size]:.2f}" for n in names[1:] if size in results[n]]
-        print(f"  {human(size):>9}  " + ", ".join(parts))
-    ref = 64 << 20
-    if ref in limit:
-        best = max(names[1:], key=lambda n: (ref / results[n][ref]) if ref in results[n] else 0)
-        print(f"\nbest backend at 64 MiB: {best}, {limit[ref] / results[best][ref]:.2f} x the socket copy")
+    skip = {x.strip() for x in args.skip.split(",") if x.strip()}
+    print(f"all-reduce benchmark: ranks {args.ranks} on loopback, float32 SUM, {os.cpu_count()} cores, "
+          f"TF process environment {tf_process_env()}")
+    columns = [("torch Gloo (ref)", "torch"), ("tfos gloo", "keras_dist_gloo"), ("tfos gloo grads", "gloo_grads"),
+               ("tfos gloo fp16", "keras_dist_gloo_fp16"), ("tfos gloo bf16", "keras_dist_gloo_bf16"),
+               ("tfos tf", "keras_dist_tf"), ("MWMS RING", "mwms")]
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        results = {}
+        if ranks == 2 and "socket copy" not in skip:
+            results["socket copy"] = socket_copy(sizes)
+        for name, mode in columns:
+            if name not in skip:
+                results[name] = run_ranks(mode, sizes, ranks)
+        if ranks == 2 and "Horovod Gloo" not in skip:
+            if os.path.exists(args.hvd_python):
+                try:
+                    results["Horovod Gloo"] = run_horovod(args.hvd_python, sizes)
+                except Exception as e:  # reported, not hidden
+                    print(f"Horovod run failed: {e}")
+            else:
+                print(f"Horovod skipped: {args.hvd_python} not found (bash scripts/horovod_env.sh builds it)")
+        print_table(ranks, sizes, results)
     return 0
+
+
+def print_table(ranks: int, sizes, results) -> None:
+    names = list(results)
+    print(f"\n{ranks} ranks, algorithm bandwidth in MB/s")
+    print(f"{'size':>9} | " + " | ".join(f"{n[:16]:>16}" for n in names))
+    for size in sizes:
+        row = [f"{size / results[n][size] / 1e6:16,.0f}" if size in results[n] else f"{'-':>16}" for n in names]
+        print(f"{human(size):>9} | " + " | ".join(row))
+    ref = results.get("torch Gloo (ref)")
+    mwms = results.get("MWMS RING")
+    print(f"ratios, {ranks} ranks (>1: faster than the reference)")
+    for size in sizes:
+        parts = []
+        for name in ("tfos gloo", "tfos gloo grads", "tfos gloo fp16", "tfos gloo bf16"):
+            if name in results:
+                if ref:
+                    parts.append(f"{name}/torch {ref[size] / results[name][size]:.2f}")
+                if mwms:
+                    parts.append(f"{name}/MWMS {mwms[size] / results[name][size]:.1f}")
+        print(f"  {human(size):>9}  " + ", ".join(parts))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ import pytest
 
 from tfos.backends import MWMSBackend
 from tfos.backends.mwms import MWMSNode
+from tfos.tf import gloo
+
+needs_gloo = pytest.mark.skipif(not gloo.installed(), reason="PyTorch (tfos[gloo]) is not installed")
 
 
 def keras3_fit_main(args, ctx):
@@ -67,6 +70,9 @@ def mwms_fp16_main(args, ctx):
     from tfos.distribute import allreduce_gradients
 
     strategy = ctx.strategy()
+    from tfos.tf import distribute
+
+    assert (distribute._gloo is not None) == (args["implementation"] == "gloo")
     x, y = digits_tf.load_csv(sorted(glob.glob(os.path.join(args["data"], "train-*.csv")))[ctx.rank::ctx.num_workers])
     gb = 32 * ctx.num_workers
     options = tf.data.Options()
@@ -100,14 +106,17 @@ def mwms_fp16_main(args, ctx):
 
 
 @pytest.mark.slow
-def test_mwms_custom_loop_with_fp16_gradient_compression(tfos_cluster, tmp_path):
+@pytest.mark.parametrize("implementation", ["tf", pytest.param("gloo", marks=needs_gloo)])
+def test_mwms_custom_loop_with_fp16_gradient_compression(tfos_cluster, tmp_path, implementation):
+    """allreduce_gradients under MWMS: TF's collectives, or Gloo beside the strategy."""
     import numpy as np
 
     import digits_tf
 
     info = digits_tf.prepare_shards(str(tmp_path / "data"))
-    cluster = tfos_cluster(2, 0)
-    cluster.start(mwms_fp16_main, {"data": str(tmp_path / "data"), "out": str(tmp_path), "rows": info["train_rows"]})
+    cluster = tfos_cluster(2, 0, backend="mwms", backend_options={"implementation": implementation})
+    cluster.start(mwms_fp16_main, {"data": str(tmp_path / "data"), "out": str(tmp_path), "rows": info["train_rows"],
+                                   "implementation": implementation})
     cluster.shutdown(timeout=300)
     w0, w1 = np.load(tmp_path / "fp16-0.npz"), np.load(tmp_path / "fp16-1.npz")
     for k in w0.files:
@@ -182,7 +191,7 @@ def gloo_peer_killed_main(args, ctx):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not __import__("tfos.tf.gloo").tf.gloo.installed(), reason="PyTorch (tfos[gloo]) is not installed")
+@needs_gloo
 def test_gloo_peer_killed_mid_allreduce_fails_the_cluster_within_30_s(tfos_cluster, tmp_path):
     import time
 

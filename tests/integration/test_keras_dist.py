@@ -73,6 +73,8 @@ def _primitives(opts) -> int:
     out["big_ok"] = bool(np.array_equal(keras_dist.allreduce(big, average=False).numpy(), big / (rank + 1) * 3))
     out["big_unchanged"] = bool(np.array_equal(big, np.arange(5_000_000, dtype="float32") * (rank + 1)))
     out["bf16"] = keras_dist.allreduce(tf.constant([rank + 1.0], tf.bfloat16)).numpy().astype("float32").tolist()
+    out["compressed"] = [keras_dist.allreduce(tf.constant([rank + 1.0, 1000.0]), compression=c).numpy().tolist()
+                         for c in ("fp16", "bf16")]
     with open(opts.out, "w") as f:
         json.dump(out, f)
     return 0
@@ -456,6 +458,7 @@ def test_primitives_two_workers(tmp_path, chief, method, implementation):
     for r in results:
         assert r["implementation"] == ("tf" if implementation == "tf" else "gloo")
         assert r["big_ok"] and r["big_unchanged"] and r["bf16"] == [1.5]
+        assert r["compressed"] == [[1.5, 1000.0], [1.5, 1000.0]]
         assert r["mean"] == 1.5 and r["sum"] == [3, 20]
         assert r["bcast"] == [[[2.0] * 3] * 2, [6, 8], [3.0] * 4]
         assert r["w"] == [-6.0] * 3

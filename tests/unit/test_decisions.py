@@ -426,3 +426,18 @@ def test_malloc_environment_of_the_tf_process(env, added):
     from tfos.agent.supervisor import MALLOC_DEFAULTS, malloc_environment
 
     assert malloc_environment(env) == (MALLOC_DEFAULTS if added else {})
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "TF_CPU_ALLOCATOR_USE_BFC"}),
+    ({"MALLOC_ARENA_MAX": "2"}, {"TF_CPU_ALLOCATOR_USE_BFC"}),  # the user's malloc, TF's BFC
+    ({"TF_CPU_ALLOCATOR_USE_BFC": "false"}, {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}),
+    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2", "TF_CPU_ALLOCATOR_USE_BFC": ""}, set()),
+])
+def test_memory_environment_of_the_tf_process(env, expected):
+    from tfos.agent.supervisor import memory_environment
+
+    added = memory_environment(env)
+    assert set(added) == expected
+    if "TF_CPU_ALLOCATOR_USE_BFC" in expected:
+        assert added["TF_CPU_ALLOCATOR_USE_BFC"] == "true"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tfos.backends.base import Backend, NodeHooks
 from tfos.errors import ConfigError
+from tfos.tf.collectives import IMPLEMENTATIONS
 
 
 class MWMSNode(NodeHooks):
@@ -12,10 +13,14 @@ class MWMSNode(NodeHooks):
 
         from tfos.tf.collectives import communication_options, mwms_cluster_resolver
 
-        return tf.distribute.MultiWorkerMirroredStrategy(
+        from tfos.tf.distribute import init_gloo
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=mwms_cluster_resolver(),
             communication_options=communication_options(self.communication, self.bytes_per_pack,
                                                         self.timeout_seconds))
+        init_gloo(strategy, self.implementation, self.timeout_seconds, self.communication)
+        return strategy
 
 
 class MWMSBackend(Backend):
@@ -23,21 +28,26 @@ class MWMSBackend(Backend):
 
     ``communication``: 'auto' | 'ring' | 'nccl'; ``bytes_per_pack`` > 0 packs gradients into
     chunks of that size before all-reducing (TF's tensor fusion); ``timeout_seconds`` bounds
-    each collective. transport='rdma' selects NCCL.
+    each collective. transport='rdma' selects NCCL. ``implementation``: 'auto' | 'tf' | 'gloo':
+    who all-reduces in ``tfos.distribute.allreduce_gradients`` ('auto': Gloo on CPU-only hosts
+    with PyTorch installed, see :func:`tfos.tf.distribute.init_gloo`).
     """
 
     name = "mwms"
     node_class = MWMSNode
 
     def __init__(self, communication: str = "auto", bytes_per_pack: int = 0, timeout_seconds: float | None = None,
-                 **kw):
+                 implementation: str = "auto", **kw):
         super().__init__(**kw)
         if communication not in ("auto", "ring", "nccl"):
             raise ConfigError(f"communication must be 'auto', 'ring' or 'nccl', got {communication!r}")
         self.communication = "nccl" if self.transport == "rdma" else communication
         self.bytes_per_pack = int(bytes_per_pack)
         self.timeout_seconds = timeout_seconds
+        if implementation not in IMPLEMENTATIONS:
+            raise ConfigError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+        self.implementation = implementation
 
     def node_options(self) -> dict:
         return dict(super().node_options(), communication=self.communication, bytes_per_pack=self.bytes_per_pack,
-                    timeout_seconds=self.timeout_seconds)
+                    timeout_seconds=self.timeout_seconds, implementation=self.implementation)

@@ -14,11 +14,52 @@ all-reduces its gradients here, in float16, which halves the bytes each all-redu
 
 Keras 3 optimizers always aggregate inside ``apply_gradients``; for Keras 3 use
 ``tfos.keras_dist`` (which has the same ``compression='fp16'`` option) instead of a strategy.
+
+On CPU-only hosts with PyTorch installed, the MWMS backend's ``ctx.strategy()`` also starts a
+Gloo group (:func:`init_gloo`), and ``allreduce_gradients`` then all-reduces over Gloo
+(:mod:`tfos.tf.gloo`) instead of TF's RING. Keras ``fit`` under the strategy still all-reduces
+through TF.
 """
 
 from __future__ import annotations
 
+import logging
+
 from tfos.tf import compression as _compression
+
+logger = logging.getLogger(__name__)
+
+_gloo = None  # the tfos.tf.gloo.Group of init_gloo
+
+
+def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | None = None,
+              communication: str = "auto") -> bool:
+    """Start a Gloo group beside a MultiWorkerMirroredStrategy so that :func:`allreduce_gradients`
+    all-reduces over Gloo; True if it did. Every worker calls it, eagerly, after creating the
+    strategy. ``implementation`` and ``communication`` (the strategy's): as in
+    ``tfos.keras_dist.init_collectives`` ('auto' = Gloo on CPU-only hosts when PyTorch is installed
+    and the communication is 'auto'). Rank 0 hosts the rendezvous on a free port, which
+    the others learn through one all-reduce of the strategy."""
+    global _gloo
+    import tensorflow as tf
+
+    from tfos.tf import gloo, keras_dist
+
+    resolver = strategy.cluster_resolver
+    cluster = resolver.cluster_spec().as_dict()
+    task = keras_dist._task({"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}})
+    if task.size < 2 or keras_dist._choose_implementation(implementation, communication) != "gloo":
+        return False
+    timeout = timeout_seconds or keras_dist.GLOO_TIMEOUT_SECONDS
+    store = gloo.store_on_free_port(task.size, timeout) if task.rank == 0 else None
+    mine = tf.constant(store.port if store is not None else 0, tf.int64)
+    port = int(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)), axis=None))
+    leader_job = keras_dist._coordinated_jobs(cluster)[0][0]
+    leader_host, _ = keras_dist._split_address(cluster[leader_job][0])
+    host, _ = keras_dist._split_address(cluster[task.type][task.index])
+    _gloo = gloo.Group(task.rank, task.size, (leader_host, port), host, timeout, store=store)
+    logger.info("allreduce_gradients: Gloo, rank %d of %d", task.rank, task.size)
+    return True
 
 
 def allreduce_gradients(grads, compression: str | None = None):
@@ -35,9 +76,18 @@ def allreduce_gradients(grads, compression: str | None = None):
     if not present:
         return list(grads)
     n = ctx.num_replicas_in_sync
+    if _gloo is not None and n == _gloo.size:  # one replica per worker (CPU hosts)
+        from tfos.tf.keras_dist import _pack
+
+        reduced = _gloo.all_reduce_list([g for _, g in present], False, compression, lambda ts: _pack(ts, 0))
+        out = list(grads)
+        for (i, _), r in zip(present, reduced):
+            out[i] = r
+        return out
     wire = [_compression.compress(g, compression, n) for _, g in present]
     reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [w for w, _ in wire])
     out = list(grads)
     for (i, g), (_, compressed), r in zip(present, wire, reduced):
         out[i] = _compression.decompress(r, g.dtype, n, average=False) if compressed else r
     return out
+

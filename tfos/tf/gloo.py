@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 #: Copy-and-reduce granularity for tensors that must not be reduced in place.
 CHUNK_BYTES = 16 << 20
 
-#: numpy dtypes Gloo sums natively; other float dtypes (bfloat16) are summed as float32.
-SUMMABLE = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+#: dtypes Gloo sums natively; other float dtypes are summed as float32.
+SUMMABLE = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
 
 INSTALL_HINT = ("pip install 'tfos[gloo]' (PyTorch's CPU wheel, ~190 MB download; on PyPI plain 'torch' is the "
                 "CUDA build: pip install torch --index-url https://download.pytorch.org/whl/cpu)")
@@ -42,19 +42,30 @@ def installed() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def store_on_free_port(size: int, timeout_seconds: float):
+    """Rank 0's rendezvous store on a port the OS picks (its ``.port``), for when no port is known
+    in advance; the other ranks learn it some other way and join with :class:`Group`."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("0.0.0.0", 0, size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_seconds))
+
+
 class Group:
     """A Gloo process group of ``size`` ranks; rank 0 hosts the rendezvous store on
-    ``store_address`` (host, port) and every rank's Gloo connections bind to ``host``."""
+    ``store_address`` (host, port), or passes the ``store`` it made, and every rank's Gloo
+    connections bind to ``host``."""
 
-    def __init__(self, rank: int, size: int, store_address: tuple[str, int], host: str, timeout_seconds: float):
+    def __init__(self, rank: int, size: int, store_address: tuple[str, int], host: str, timeout_seconds: float,
+                 store=None):
         import torch.distributed as dist
 
         self.rank, self.size, self.timeout_seconds = rank, size, float(timeout_seconds)
         timeout = datetime.timedelta(seconds=self.timeout_seconds)
         store_host, store_port = store_address
         try:
-            self._store = dist.TCPStore(store_host, int(store_port), size, is_master=rank == 0, timeout=timeout,
-                                        wait_for_workers=True)
+            self._store = store or dist.TCPStore(store_host, int(store_port), size, is_master=rank == 0,
+                                                 timeout=timeout, wait_for_workers=True)
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
@@ -63,8 +74,33 @@ class Group:
             raise CollectiveError(
                 f"Gloo rendezvous of rank {rank} of {size} at {store_host}:{store_port} failed within "
                 f"{self.timeout_seconds:g} s: {e}. If the peers are only slow to start, raise "
-                "keras_dist.init_collectives(timeout_seconds=...)") from e
+                f"the timeout_seconds of {self.timeout_seconds:g} s") from e
         logger.info("Gloo group: rank %d of %d on %s (store %s:%s)", rank, size, host, store_host, store_port)
+
+    def all_reduce_list(self, tensors, average: bool, compression, pack):
+        """All-reduce the dense tensors ``tensors`` (sum, or mean if ``average``), packed by ``pack``
+        (a function of the list: lists of indices); ``compression``: see :mod:`tfos.tf.compression`."""
+        import tensorflow as tf
+
+        from tfos.tf import compression as _compression
+
+        out = [None] * len(tensors)
+        for group in pack(tensors):
+            parts = [tensors[j] for j in group]
+            shapes = [p.shape if p.shape.is_fully_defined() else tf.shape(p) for p in parts]
+            sizes = [p.shape.num_elements() for p in parts]
+            if any(n is None for n in sizes):
+                sizes = tf.stack([tf.size(p) for p in parts])
+            owned = len(parts) > 1  # a tf.concat made here: nothing else reads it
+            flat = tf.concat([tf.reshape(p, [-1]) for p in parts], 0) if owned else tf.reshape(parts[0], [-1])
+            x, compressed = _compression.compress(flat, compression, self.size)
+            y = self.all_reduce(x, owned=owned or compressed, average=average and not compressed)
+            if compressed:
+                y = _compression.decompress(y, flat.dtype, self.size, average)
+            reduced = tf.split(y, sizes) if len(parts) > 1 else [y]
+            for j, r, shape in zip(group, reduced, shapes):
+                out[j] = tf.reshape(r, shape)
+        return out
 
     def _wait(self, works, what: str) -> None:
         try:
@@ -94,16 +130,15 @@ class Group:
     def _all_reduce_eager(self, x, owned: bool, average: bool):
         import numpy as np
         import tensorflow as tf
-        import torch
 
         src = x._numpy()  # a writable view of TF's buffer (public .numpy() copies)
         if owned:
             out, dst = x, src
-            works = [self.pg.allreduce([torch.from_numpy(dst)])] if dst.size else []
+            works = [self.pg.allreduce([_torch_view(dst)])] if dst.size else []
         else:
             out = tf.raw_ops.Empty(shape=tf.shape(x), dtype=x.dtype)
             dst = out._numpy()
-            view = torch.from_numpy(dst)
+            view = _torch_view(dst)
             step = max(1, CHUNK_BYTES // max(1, dst.itemsize))
             works = []
             for i in range(0, dst.size, step):
@@ -111,7 +146,7 @@ class Group:
                 works.append(self.pg.allreduce([view[i:i + step]]))
         self._wait(works, "all-reduce")
         if average and self.size > 1:
-            if dst.dtype.kind == "f":
+            if x.dtype.is_floating:
                 np.divide(dst, self.size, out=dst)
             else:
                 np.floor_divide(dst, self.size, out=dst)
@@ -140,3 +175,13 @@ class Group:
             raw = torch.from_numpy(dst.reshape(-1).view("uint8"))  # any dtype travels as its bytes
             self._wait([self.pg.broadcast([raw], opts)], "broadcast")
         return out
+
+
+def _torch_view(array):
+    """A torch tensor on ``array``'s memory (bfloat16, which torch cannot take from numpy, through
+    an int16 view)."""
+    import torch
+
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view("int16")).view(torch.bfloat16)
+    return torch.from_numpy(array)

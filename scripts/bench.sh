@@ -5,8 +5,13 @@ TFOS_EXTRAS="tf,spark,test,gloo"
 TFOS_PINS="torch==2.13.0"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
-name="${1:?usage: scripts/bench.sh feed|feed_consumer|allreduce|restart [args]}"; shift
-if [ "$name" = "feed" ] && ! python -c "import tensorflowonspark" 2>/dev/null; then
-  python -m pip install -q --no-deps "tensorflowonspark==2.2.5"
+name="${1:?usage: scripts/bench.sh feed|feed_consumer|allreduce|startup|restart [args]}"; shift
+if [ "$name" = "feed" ] || [ "$name" = "startup" ]; then  # the reference: TensorFlowOnSpark 2.2.5
+  if ! python -c "import tensorflowonspark" 2>/dev/null; then
+    python -m pip install -q --no-deps "tensorflowonspark==2.2.5"
+  fi
+  if ! python -c "import pkg_resources" 2>/dev/null; then  # it imports pkg_resources, gone in setuptools 81
+    python -m pip install -q "setuptools<81"
+  fi
 fi
 exec python "bench/$name.py" "$@"

@@ -191,3 +191,19 @@ def test_ps_nodes_are_stopped_when_the_chief_finishes(tfos_cluster):
     t0 = time.monotonic()
     cluster.shutdown(grace_secs=1)
     assert time.monotonic() - t0 < 30
+
+
+def note_loaded_modules(out_dir, ctx):
+    import sys
+
+    with open(os.path.join(out_dir, f"modules-{ctx.node_index}.json"), "w") as f:
+        json.dump({"tensorflow": "tensorflow" in sys.modules}, f)
+
+
+@pytest.mark.parametrize("preimport", [True, False])
+def test_tensorflow_is_imported_during_the_rendezvous_unless_turned_off(tfos_cluster, tmp_path, preimport):
+    cluster = tfos_cluster(2, 0, preimport_tensorflow=preimport, progress=False)
+    cluster.start(note_loaded_modules, str(tmp_path))
+    cluster.shutdown(timeout=120)
+    for i in range(2):
+        assert json.loads((tmp_path / f"modules-{i}.json").read_text())["tensorflow"] is preimport

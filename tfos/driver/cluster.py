@@ -120,7 +120,8 @@ class TFCluster:
                 progress: bool = True, timeline: str | None = None, report_interval: float = 1.0,
                 tensorboard_host: str | None = None, tensorboard_port: int = 0, mlflow: bool = False,
                 mlflow_run=None, mlflow_experiment: str | None = None, max_restarts: int = 0,
-                restart_backoff: float = 5.0, checkpoint_dir: str | None = None) -> "TFCluster":
+                restart_backoff: float = 5.0, checkpoint_dir: str | None = None,
+                preimport_tensorflow: bool = True) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         ``sc``: a SparkContext, a SparkSession, or a Spark Connect SparkSession (then the data
@@ -148,6 +149,11 @@ class TFCluster:
         failure; main_fun restores its state from ``ctx.checkpoint_dir`` (``checkpoint_dir``, else
         ``<log_dir>/checkpoint``: storage every node reads, the same on every attempt). A failure
         raised as ``tfos.NonRetryable`` (or ConfigError) is never retried. See docs/design.md §5.1.
+
+        ``preimport_tensorflow``: each TF process imports TensorFlow in a background thread once
+        it has registered, while it waits for the other nodes, so main_fun starts with TF loaded.
+        TF then reads its import-time environment before main_fun runs: put such settings
+        (``TF_ENABLE_ONEDNN_OPTS``, ``TF_CPP_MIN_LOG_LEVEL``) in ``env``, or pass False.
         """
         validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
                          InputMode.TENSORFLOW if input_mode is None else input_mode, num_gpus, max_restarts)
@@ -179,6 +185,7 @@ class TFCluster:
             roles=tuple(roles), input_mode=int(InputMode.TENSORFLOW), reservation_timeout=float(reservation_timeout),
             log_dir=log_dir, default_fs=spark.default_fs(), num_gpus=num_gpus,
             env={k: str(v) for k, v in (env or {}).items()}, release_port=bool(release_port),
+            preimport_tensorflow=bool(preimport_tensorflow),
             heartbeat_interval=_seconds("heartbeat_interval", heartbeat_interval),
             heartbeat_timeout=_seconds("heartbeat_timeout", heartbeat_timeout),
             stop_grace_secs=_seconds("stop_grace_secs", stop_grace_secs, allow_zero=True),

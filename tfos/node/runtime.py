@@ -10,10 +10,14 @@ and exits non-zero.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import logging
 import os
+import threading
 
+from tfos.errors import TFOSTimeoutError
 from tfos.host import claims
 from tfos.node.context import NodeContext
 from tfos.node.reporting import Reporter
@@ -36,6 +40,25 @@ def load_function_file(path: str):
     return loaded
 
 
+def preimport_tensorflow() -> threading.Thread | None:
+    """Import TensorFlow in a daemon thread, so that its import (seconds) overlaps the wait for the
+    other nodes and main_fun finds it loaded. Join the thread before anything else may import
+    TF: a concurrent import of its modules can see them half initialised. None when TensorFlow
+    is not installed."""
+    if importlib.util.find_spec("tensorflow") is None:
+        return None
+
+    def run():
+        try:
+            importlib.import_module("tensorflow")
+        except Exception as e:  # main_fun's own import reports it
+            logger.debug("pre-importing tensorflow failed: %s", e)
+
+    thread = threading.Thread(target=run, name="tfos-import-tensorflow", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_node(cfg: M.NodeConfig) -> int:
     c = cfg.cluster
     driver = DriverClient.for_node(cfg)
@@ -48,7 +71,13 @@ def run_node(cfg: M.NodeConfig) -> int:
     info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host, held.getsockname()[1],
                       hub.port if hub else 0, os.getpid())
     driver.register(info)
+    importing = preimport_tensorflow() if c.preimport_tensorflow else None
     reply = driver.cluster_spec(c.reservation_timeout)
+    if importing is not None:  # nothing else may import TF meanwhile (it would see half a module)
+        importing.join(c.reservation_timeout)
+        if importing.is_alive():
+            raise TFOSTimeoutError(f"importing tensorflow took longer than {c.reservation_timeout:g} s "
+                                   "(reservation_timeout)")
     main_fun, args, hooks = load_function_file(cfg.fn_path)
     reporter = Reporter(driver, c.report_interval, c.timeline, c.metric_history)
     ctx = NodeContext(cfg, reply.nodes, held, hub, hooks, reporter)

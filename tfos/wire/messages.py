@@ -180,6 +180,7 @@ class ClusterConfig:
     num_gpus: int = 0
     env: dict[str, str] = field(default_factory=dict)
     release_port: bool = True
+    preimport_tensorflow: bool = True  # the TF process imports TF while it waits for the cluster spec
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 30.0
     stop_grace_secs: float = 5.0

@@ -27,28 +27,19 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import restart  # noqa: E402  (bench/restart.py: the same training step)
+from pyspark import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(restart)  # the executors cannot import bench/restart.py
 
 
 def first_step(out_dir: str, name: str) -> None:
     """One MWMS training step of a small model; writes the wall time it ended to out_dir/name."""
-    import keras
     import tensorflow as tf
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
-        opt = keras.optimizers.SGD(0.01)
-
-    @tf.function
-    def step(x, y):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss
-        return strategy.run(replica, args=(x, y))
-
-    step(tf.random.uniform((32, 64)), tf.zeros((32,), tf.int64))
+    restart.mwms_step(tf.distribute.MultiWorkerMirroredStrategy())()
     with open(os.path.join(out_dir, name), "w") as f:
         f.write(repr(time.time()))
 

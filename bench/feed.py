@@ -335,7 +335,8 @@ def dataframes(spark, args) -> None:
             assert n_a == n_b == args.df_rows, (n_a, n_b)
             print(f"    ratio train(df) / mapInArrow count: {b / a:5.2f}   (target >= 0.7)")
             if not binary:
-                print(f"    ratio train(df) / train(df.rdd):    {b / p:5.2f}   (target >= 0.8: the RDD path, same Parquet)")
+                print(f"    ratio train(df) / train(df.rdd):    {b / p:5.2f}   "
+                      "(target >= 0.8: the RDD path, same Parquet)")
                 print(f"    ratio train(df) / train(generated rdd): {b / r:5.2f}   (no Parquet read in the RDD)")
             ref = df.mapInArrow(infer_binary_or_list(model_path), df.schema.simpleString()[:-1] + ",prediction:bigint>")
             ref.count()  # warm-up: TF in the Python workers

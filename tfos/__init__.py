@@ -8,9 +8,9 @@ pyspark nor TensorFlow, so node agents and TF processes stay light.
 * everywhere: the errors, all derived from :class:`TFOSError`.
 """
 
-from tfos.errors import (AuthenticationError, ClusterStateError, ConfigError, FeedError, FeedTimeoutError,
-                         NodeFailedError, NodeFailure, NonRetryable, ProtocolError, ReservationTimeoutError, TFOSError,
-                         TFOSTimeoutError)
+from tfos.errors import (AuthenticationError, ClusterStateError, CollectiveError, ConfigError, FeedError,
+                         FeedTimeoutError, NodeFailedError, NodeFailure, NonRetryable, ProtocolError,
+                         ReservationTimeoutError, TFOSError, TFOSTimeoutError)
 from tfos.topology import InputMode
 
 __version__ = "0.1.0"
@@ -36,5 +36,6 @@ def __getattr__(name):
 
 __all__ = ["TFCluster", "InputMode", "NodeContext", "DataFeed", "TFNode", "TFOSError", "ConfigError",
            "ProtocolError", "AuthenticationError", "TFOSTimeoutError", "ReservationTimeoutError",
-           "FeedTimeoutError", "FeedError", "ClusterStateError", "NodeFailedError", "NodeFailure", "NonRetryable",
+           "FeedTimeoutError", "FeedError", "ClusterStateError", "CollectiveError", "NodeFailedError", "NodeFailure",
+           "NonRetryable",
            "__version__"]

@@ -503,7 +503,8 @@ def test_fit_two_workers_context_method_steps_per_execution(tmp_path):
     """init_collectives(method='context') (no MultiWorkerMirroredStrategy object at all), and
     steps_per_execution=4: the collectives run inside Keras' tf.while_loop/tf.cond."""
     results, wall, tmp = run_workers(
-        extra_args=["--epochs", "5", "--method", "context", "--steps-per-execution", "4", "--implementation", "tf"], workdir=tmp_path)
+        extra_args=["--epochs", "5", "--method", "context", "--steps-per-execution", "4", "--implementation", "tf"],
+        workdir=tmp_path)
     print(f"context: wall {wall:.1f}s, results {results}")
     _check(results, tmp)
 

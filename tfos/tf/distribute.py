@@ -90,4 +90,3 @@ def allreduce_gradients(grads, compression: str | None = None):
     for (i, g), (_, compressed), r in zip(present, wire, reduced):
         out[i] = _compression.decompress(r, g.dtype, n, average=False) if compressed else r
     return out
-

@@ -25,7 +25,7 @@ run_pytest() {
   fi
   [ "$code" -eq 0 ] || exit "$code"
 }
-run_pytest "main" python -m pytest "$@"
+run_pytest "main" python -m pytest --durations=20 "$@"  # the slowest tests: what to trim to stay under 40 min
 if [ "$#" -eq 0 ]; then
   echo "== Spark Connect tests (SparkSession.builder.remote(\"local-cluster[2,1,1024]\"))"
   run_pytest "Spark Connect" python -m pytest --connect

@@ -444,13 +444,13 @@ def test_choose_implementation_table(requested, communication, installed, gpus, 
 @pytest.mark.slow
 @pytest.mark.parametrize("chief,method,implementation", [
     ("chief", "strategy", "tf"), ("master", "strategy", "tf"), ("master", "context", "tf"),
-    pytest.param("chief", "strategy", "gloo", marks=needs_gloo), pytest.param("master", "strategy", "auto",
-                                                                              marks=needs_gloo)])
+    pytest.param("master", "strategy", "auto", marks=needs_gloo)])
 def test_primitives_two_workers(tmp_path, chief, method, implementation):
     """Exact values: mean/sum all-reduce, broadcast from rank 1 (3 dtypes), optimizer averaging in a
     traced tf.function called twice and eagerly, a 20 MB all-reduce (Gloo: copied in chunks; the
     input stays unchanged), bfloat16. Cluster = 1 chief (rank 0) + 1 worker (rank 1); the chief's
-    job may have TF 1.x's name 'master' (``master_node='master'``). 'auto' is Gloo on this CPU host."""
+    job may have TF 1.x's name 'master' (``master_node='master'``). 'auto' is Gloo on this CPU host
+    (PyTorch is installed), so that case runs the Gloo implementation."""
     results, wall, tmp = run_workers(extra_args=["--mode", "primitives", "--method", method,
                                                  "--implementation", implementation], timeout=120,
                                      chief=chief, workdir=tmp_path)
@@ -470,11 +470,10 @@ IMPLEMENTATIONS = ["tf", pytest.param("gloo", marks=needs_gloo)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_fit_two_workers_identical_weights(tmp_path, implementation):
-    results, wall, tmp = run_workers(extra_args=["--epochs", "5", "--implementation", implementation],
-                                     workdir=tmp_path)
-    print(f"fp32 {implementation}: wall {wall:.1f}s, results {results}")
+def test_fit_two_workers_identical_weights(tmp_path):
+    """TF's collectives; Gloo's fp32 fit is checked the same way in the accuracy test below."""
+    results, wall, tmp = run_workers(extra_args=["--epochs", "5", "--implementation", "tf"], workdir=tmp_path)
+    print(f"fp32 tf: wall {wall:.1f}s, results {results}")
     _check(results, tmp)
 
 

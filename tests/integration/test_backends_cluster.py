@@ -205,4 +205,5 @@ def test_gloo_peer_killed_mid_allreduce_fails_the_cluster_within_30_s(tfos_clust
     delay = time.time() - float(killed_at.read_text())
     print(f"kill -> NodeFailedError: {delay:.1f} s; {exc.value}")
     assert delay < 30
-    assert any(f.node_index == 1 for f in exc.value.failures)
+    # whichever report reaches the driver first: node 1's death, or node 0's broken all-reduce
+    assert any(f.node_index == 1 or "CollectiveError" in f.traceback for f in exc.value.failures), exc.value

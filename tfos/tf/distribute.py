@@ -57,7 +57,8 @@ def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | N
     leader_job = keras_dist._coordinated_jobs(cluster)[0][0]
     leader_host, _ = keras_dist._split_address(cluster[leader_job][0])
     host, _ = keras_dist._split_address(cluster[task.type][task.index])
-    _gloo = gloo.Group(task.rank, task.size, (leader_host, port), host, timeout, store=store)
+    _gloo = gloo.Group(task.rank, task.size, (leader_host, port), host, timeout, store=store,
+                       timeout_setting="backend_options={'timeout_seconds': ...}")
     logger.info("allreduce_gradients: Gloo, rank %d of %d", task.rank, task.size)
     return True
 

@@ -57,10 +57,11 @@ class Group:
     connections bind to ``host``."""
 
     def __init__(self, rank: int, size: int, store_address: tuple[str, int], host: str, timeout_seconds: float,
-                 store=None):
+                 store=None, timeout_setting: str = "keras_dist.init_collectives(timeout_seconds=...)"):
         import torch.distributed as dist
 
         self.rank, self.size, self.timeout_seconds = rank, size, float(timeout_seconds)
+        self.timeout_setting = timeout_setting  # named in timeout errors
         timeout = datetime.timedelta(seconds=self.timeout_seconds)
         store_host, store_port = store_address
         try:
@@ -74,7 +75,7 @@ class Group:
             raise CollectiveError(
                 f"Gloo rendezvous of rank {rank} of {size} at {store_host}:{store_port} failed within "
                 f"{self.timeout_seconds:g} s: {e}. If the peers are only slow to start, raise "
-                f"the timeout_seconds of {self.timeout_seconds:g} s") from e
+                f"{timeout_setting}") from e
         logger.info("Gloo group: rank %d of %d on %s (store %s:%s)", rank, size, host, store_host, store_port)
 
     def all_reduce_list(self, tensors, average: bool, compression, pack):
@@ -109,7 +110,7 @@ class Group:
         except Exception as e:
             raise CollectiveError(
                 f"Gloo {what} failed on rank {self.rank} of {self.size}: {e}. A peer died or stopped answering; "
-                f"the timeout is {self.timeout_seconds:g} s (keras_dist.init_collectives(timeout_seconds=...))") from e
+                f"the timeout is {self.timeout_seconds:g} s ({self.timeout_setting})") from e
 
     def all_reduce(self, flat, owned: bool, average: bool):
         """Sum (or mean, if ``average``) the 1-D tensor ``flat`` over the group's ranks. Works eagerly

@@ -27,6 +27,53 @@ def choose_implementation(requested: str, communication: str, gloo_installed: bo
     return "gloo" if gloo_installed and num_gpus == 0 and communication == "auto" else "tf"
 
 
+def packs(tensors, bytes_per_pack: int) -> list[list[int]]:
+    """Group the indices of ``tensors`` by dtype (first appearance order) and then by size."""
+    groups = []
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    for dtype, idx in by_dtype.items():
+        if not bytes_per_pack:
+            groups.append(idx)
+            continue
+        cur, cur_bytes = [], 0
+        for i in idx:
+            n = tensors[i].shape.num_elements()
+            nbytes = (n if n is not None else 0) * dtype.size
+            if cur and cur_bytes + nbytes > bytes_per_pack:
+                groups.append(cur)
+                cur, cur_bytes = [], 0
+            cur.append(i)
+            cur_bytes += nbytes
+        if cur:
+            groups.append(cur)
+    return groups
+
+
+def reduce_packed(tensors, packs, reduce_flat) -> list:
+    """Reduce the dense ``tensors`` pack by pack, for every collective implementation: each pack
+    (a list of indices into ``tensors``) becomes one 1-D tensor (a ``tf.concat`` when it holds
+    several), ``reduce_flat(flat, owned)`` reduces it (``owned``: the concat was made here and
+    nothing else reads it), and the result is split back into the tensors' shapes."""
+    import tensorflow as tf
+
+    out = [None] * len(tensors)
+    for pack in packs:
+        parts = [tensors[j] for j in pack]
+        shapes = [p.shape if p.shape.is_fully_defined() else tf.shape(p) for p in parts]
+        if len(parts) == 1:
+            reduced = [reduce_flat(tf.reshape(parts[0], [-1]), False)]
+        else:
+            sizes = [p.shape.num_elements() for p in parts]
+            if any(n is None for n in sizes):
+                sizes = tf.stack([tf.size(p) for p in parts])
+            reduced = tf.split(reduce_flat(tf.concat([tf.reshape(p, [-1]) for p in parts], axis=0), True), sizes)
+        for j, r, shape in zip(pack, reduced, shapes):
+            out[j] = tf.reshape(r, shape)
+    return out
+
+
 def check_communication(communication: str) -> str:
     """The communication name in lower case; ValueError unless 'auto', 'ring' or 'nccl'."""
     name = communication.lower() if isinstance(communication, str) else communication

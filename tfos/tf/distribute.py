@@ -78,9 +78,11 @@ def allreduce_gradients(grads, compression: str | None = None):
         return list(grads)
     n = ctx.num_replicas_in_sync
     if _gloo is not None and n == _gloo.size:  # one replica per worker (CPU hosts)
-        from tfos.tf.keras_dist import _pack
+        from tfos.tf.collectives import packs, reduce_packed
 
-        reduced = _gloo.all_reduce_list([g for _, g in present], False, compression, lambda ts: _pack(ts, 0))
+        dense = [g for _, g in present]
+        reduced = reduce_packed(dense, packs(dense, 0),
+                                lambda flat, owned: _gloo.reduce_flat(flat, owned, False, compression))
         out = list(grads)
         for (i, _), r in zip(present, reduced):
             out[i] = r

@@ -78,30 +78,14 @@ class Group:
                 f"{timeout_setting}") from e
         logger.info("Gloo group: rank %d of %d on %s (store %s:%s)", rank, size, host, store_host, store_port)
 
-    def all_reduce_list(self, tensors, average: bool, compression, pack):
-        """All-reduce the dense tensors ``tensors`` (sum, or mean if ``average``), packed by ``pack``
-        (a function of the list: lists of indices); ``compression``: see :mod:`tfos.tf.compression`."""
-        import tensorflow as tf
-
+    def reduce_flat(self, flat, owned: bool, average: bool, compression):
+        """:meth:`all_reduce` of the 1-D ``flat`` with ``compression`` (see
+        :mod:`tfos.tf.compression`); the compression cast is a buffer of our own."""
         from tfos.tf import compression as _compression
 
-        out = [None] * len(tensors)
-        for group in pack(tensors):
-            parts = [tensors[j] for j in group]
-            shapes = [p.shape if p.shape.is_fully_defined() else tf.shape(p) for p in parts]
-            sizes = [p.shape.num_elements() for p in parts]
-            if any(n is None for n in sizes):
-                sizes = tf.stack([tf.size(p) for p in parts])
-            owned = len(parts) > 1  # a tf.concat made here: nothing else reads it
-            flat = tf.concat([tf.reshape(p, [-1]) for p in parts], 0) if owned else tf.reshape(parts[0], [-1])
-            x, compressed = _compression.compress(flat, compression, self.size)
-            y = self.all_reduce(x, owned=owned or compressed, average=average and not compressed)
-            if compressed:
-                y = _compression.decompress(y, flat.dtype, self.size, average)
-            reduced = tf.split(y, sizes) if len(parts) > 1 else [y]
-            for j, r, shape in zip(group, reduced, shapes):
-                out[j] = tf.reshape(r, shape)
-        return out
+        x, compressed = _compression.compress(flat, compression, self.size)
+        y = self.all_reduce(x, owned=owned or compressed, average=average and not compressed)
+        return _compression.decompress(y, flat.dtype, self.size, average) if compressed else y
 
     def _wait(self, works, what: str) -> None:
         try:

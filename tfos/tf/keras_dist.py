@@ -8,7 +8,7 @@ of all workers with TensorFlow's own collective ops (``CollectiveReduceV2``, the
 internally) before applying them. Initial weights are broadcast from one rank so every replica
 starts identical; from then on identical averaged gradients keep them identical.
 
-Runs in the TF process (``main_fun``), never on the Spark driver. It is one module of about 550
+Runs in the TF process (``main_fun``), never on the Spark driver. It is one module of about 600
 lines on purpose: the primitives, the optimizer wrapper and the callbacks share one module state
 (rank, size, the collective key counter and ordering tokens) that must exist once per process.
 
@@ -337,30 +337,6 @@ def _all_reduce_flat(flat, average: bool, device, compression):
     return _compression.decompress(y, flat.dtype, n, average) if compressed else y
 
 
-def _pack(tensors, bytes_per_pack: int):
-    """Group the indices of ``tensors`` by dtype (first appearance order) and then by size."""
-    packs = []
-    by_dtype = {}
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
-    for dtype, idx in by_dtype.items():
-        if not bytes_per_pack:
-            packs.append(idx)
-            continue
-        cur, cur_bytes = [], 0
-        for i in idx:
-            n = tensors[i].shape.num_elements()
-            nbytes = (n if n is not None else 0) * dtype.size
-            if cur and cur_bytes + nbytes > bytes_per_pack:
-                packs.append(cur)
-                cur, cur_bytes = [], 0
-            cur.append(i)
-            cur_bytes += nbytes
-        if cur:
-            packs.append(cur)
-    return packs
-
-
 def _all_reduce_list(tensors, average=True, compression=None, bytes_per_pack=0, device=None):
     """All-reduce a list of tensors (None entries pass through), packing them into few collectives."""
     import tensorflow as tf
@@ -373,23 +349,13 @@ def _all_reduce_list(tensors, average=True, compression=None, bytes_per_pack=0, 
     # IndexedSlices (e.g. Embedding gradients) are reduced as dense tensors
     dense = [tf.convert_to_tensor(tensors[i]) for i in present]
     if _state.gloo is not None:
-        reduced = _state.gloo.all_reduce_list(dense, average, compression, lambda ts: _pack(ts, bytes_per_pack))
-        for i, r in zip(present, reduced):
-            out[i] = r
-        return out
-    for pack in _pack(dense, bytes_per_pack):
-        parts = [dense[j] for j in pack]
-        shapes = [p.shape if p.shape.is_fully_defined() else tf.shape(p) for p in parts]
-        if len(parts) == 1:
-            reduced = [_all_reduce_flat(tf.reshape(parts[0], [-1]), average, device, compression)]
-        else:
-            sizes = [p.shape.num_elements() for p in parts]
-            if any(n is None for n in sizes):
-                sizes = tf.stack([tf.size(p) for p in parts])
-            flat = tf.concat([tf.reshape(p, [-1]) for p in parts], axis=0)
-            reduced = tf.split(_all_reduce_flat(flat, average, device, compression), sizes)
-        for j, r, shape in zip(pack, reduced, shapes):
-            out[present[j]] = tf.reshape(r, shape)
+        def reduce_flat(flat, owned):
+            return _state.gloo.reduce_flat(flat, owned, average, compression)
+    else:
+        def reduce_flat(flat, owned):
+            return _all_reduce_flat(flat, average, device, compression)
+    for i, r in zip(present, collectives.reduce_packed(dense, collectives.packs(dense, bytes_per_pack), reduce_flat)):
+        out[i] = r
     return out
 
 

@@ -48,7 +48,7 @@ def make_rdd(sc, rows, partitions):
 
 # ---------------------------------------------------------------- (a) the limit
 def arrow_limit(sc, rows, partitions):
-    from tfos.executor.feeding import rows_to_chunks
+    from tfos.feed.executor.producer import rows_to_chunks
 
     def convert(index, it):
         n = 0

@@ -30,7 +30,7 @@ ROW_BYTES = 784 * 4 + 8
 
 
 def make_chunk(rows: int):
-    from tfos.wire import arrow
+    from tfos.feed import arrow
 
     rng = np.random.default_rng(0)
     x = rng.random((rows, 784), dtype=np.float32)
@@ -38,7 +38,7 @@ def make_chunk(rows: int):
 
 
 def start_producer(hub, chunk, total_rows: int, feed_id: str) -> threading.Thread:
-    from tfos.node.hub import DATA, END, Origin
+    from tfos.feed.node.hub import DATA, END, Origin
 
     q = hub.queue("input")
     origin = Origin(None, train=True)
@@ -79,8 +79,8 @@ def consume(path: str, feed, batch: int) -> int:
 
 
 def run(path: str, batch: int, rows: int, chunk, profile_dir: str | None) -> float:
-    from tfos.node.datafeed import DataFeed
-    from tfos.node.hub import FeedHub
+    from tfos.feed.node.datafeed import DataFeed
+    from tfos.feed.node.hub import FeedHub
 
     hub = FeedHub("bench-secret", queue_chunks=4).start()
     try:

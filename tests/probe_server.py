@@ -7,10 +7,10 @@ import resource
 import sys
 import threading
 
-from tfos.driver.feed_scheduler import FeedScheduler
-from tfos.driver.registry import NodeRegistry
-from tfos.driver.service import ControlService
-from tfos.node.hub import FeedHub
+from tfos.feed.driver.scheduler import FeedScheduler
+from tfos.cluster.driver.registry import NodeRegistry
+from tfos.cluster.driver.service import ControlService
+from tfos.feed.node.hub import FeedHub
 from tfos.wire.channel import new_secret
 
 

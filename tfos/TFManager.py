@@ -1,6 +1,6 @@
-"""TensorFlowOnSpark's ``TFManager`` module name: :mod:`tfos.node.manager` (local, in-process feeds)."""
+"""TensorFlowOnSpark's ``TFManager`` module name: :mod:`tfos.feed.node.manager` (local, in-process feeds)."""
 
-from tfos.node.manager import LocalManager, connect, start
+from tfos.feed.node.manager import LocalManager, connect, start
 
 TFManager = LocalManager  # TensorFlowOnSpark's manager class name (in-process here)
 

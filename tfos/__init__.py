@@ -3,7 +3,7 @@
 The public API, re-exported lazily: importing ``tfos`` loads neither the driver modules nor
 pyspark nor TensorFlow, so node agents and TF processes stay light.
 
-* on the driver: :class:`TFCluster` (``tfos.driver``), :class:`InputMode`;
+* on the driver: :class:`TFCluster` (``tfos.cluster.driver``), :class:`InputMode`;
 * in ``main_fun(args, ctx)``: :class:`NodeContext` (``ctx``), :class:`DataFeed`, ``TFNode``;
 * everywhere: the errors, all derived from :class:`TFOSError`.
 """
@@ -16,9 +16,9 @@ from tfos.topology import InputMode
 __version__ = "0.1.0"
 
 _LAZY = {
-    "TFCluster": ("tfos.driver.cluster", "TFCluster"),
-    "NodeContext": ("tfos.node.context", "NodeContext"),
-    "DataFeed": ("tfos.node.datafeed", "DataFeed"),
+    "TFCluster": ("tfos.cluster.driver.api", "TFCluster"),
+    "NodeContext": ("tfos.cluster.node.context", "NodeContext"),
+    "DataFeed": ("tfos.feed.node.datafeed", "DataFeed"),
     "TFNode": ("tfos.tf.compat", "TFNode"),  # TensorFlowOnSpark compatibility: `from tfos import TFNode`
 }
 

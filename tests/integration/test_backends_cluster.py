@@ -151,7 +151,7 @@ def env_main(args, ctx):
     import sys
 
     with open(os.path.join(args["out"], f"env-{ctx.node_index}"), "w") as f:
-        driver_modules = sorted(m for m in sys.modules if m.startswith("tfos.driver"))
+        driver_modules = sorted(m for m in sys.modules if m.startswith("tfos.cluster.driver"))
         f.write(os.environ.get("TFOS_TEST_MARK", "") + "|" + ",".join(driver_modules))
 
 

@@ -388,7 +388,7 @@ def test_fp16_compression_round_trip():
 def test_no_autoshard():
     import tensorflow as tf
 
-    from tfos.tf.datasets import no_autoshard
+    from tfos.data.datasets import no_autoshard
 
     ds = no_autoshard(tf.data.Dataset.range(3))
     assert ds.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF

@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tfos.driver.feed_scheduler import FeedScheduler
-from tfos.driver.registry import NodeRegistry
-from tfos.driver.service import ControlService
+from tfos.feed.driver.scheduler import FeedScheduler
+from tfos.cluster.driver.registry import NodeRegistry
+from tfos.cluster.driver.service import ControlService
 from tfos.errors import FeedError, RequestRefused
-from tfos.wire import arrow
+from tfos.feed import arrow
 from tfos.wire import channel as C
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient, FeedClient
@@ -203,7 +203,7 @@ def test_schema_drift_between_partitions_is_refused_by_the_hub_naming_partition_
 
 
 def test_schema_drift_within_a_partition_is_a_feed_error_in_the_task():
-    from tfos.executor.feeding import _Sender, rows_to_chunks
+    from tfos.feed.executor.producer import _Sender, rows_to_chunks
 
     cfg = M.FeedConfig("c", C.new_secret(), "127.0.0.1", 1, "f", "input", 5.0, (0,), ((0, "127.0.0.1", 1),), 4)
     sender = _Sender(cfg, 3, train=True)
@@ -218,7 +218,7 @@ def test_non_json_progress_values_are_converted_and_reach_the_driver(control):
     """ctx.report(step=np.int64(3)) used to kill the reporter thread (and make main_fun exit 1)."""
     import numpy as np
 
-    from tfos.node.reporting import Reporter
+    from tfos.cluster.node.reporting import Reporter
 
     registry, secret, service = control
     reporter = Reporter(DriverClient("127.0.0.1", service.port, secret, "cid", 0), interval=0.05, timeline=True)

@@ -1,11 +1,11 @@
-"""tfos.wire.arrow: rows <-> Arrow batches and the Arrow -> numpy column converter (pure, no Spark)."""
+"""tfos.feed.arrow: rows <-> Arrow batches and the Arrow -> numpy column converter (pure, no Spark)."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from tfos.errors import ConfigError, FeedError
-from tfos.wire import arrow as A
+from tfos.feed import arrow as A
 
 
 def test_tuple_rows_with_vectors_become_fixed_size_lists_and_back():

@@ -150,7 +150,7 @@ def test_dfutil_example_conversions_round_trip():
                                           ({"spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "500ms",
                                             "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "4"}, 2.0)])
 def test_tfparallel_waits_as_long_as_sparks_barrier_check(conf, seconds):
-    from tfos.driver.parallel import barrier_check_seconds
+    from tfos.cluster.driver.parallel import barrier_check_seconds
 
     assert barrier_check_seconds(conf.get) == seconds
 
@@ -186,7 +186,7 @@ def test_tfos_run_refuses_bad_arguments(argv):
 
 
 def test_script_command():
-    from tfos.node.script import script_command
+    from tfos.cluster.node.script import script_command
 
     assert script_command("/py", "/d/script-t.py", ["--a", 1]) == ["/py", "-u", "/d/script-t.py", "--a", "1"]
 
@@ -198,7 +198,7 @@ def test_script_command():
 ])
 def test_single_node_gpus_as_tensorflowonspark_chose(args, present, expected):
     """tf_args.num_gpus when given, else one GPU if the host has any (TFParallel, single_node_env)."""
-    from tfos.executor.parallel import requested_gpus
+    from tfos.cluster.executor.parallel import requested_gpus
 
     assert requested_gpus(args, present) == expected
 
@@ -207,7 +207,7 @@ def test_single_node_gpus_as_tensorflowonspark_chose(args, present, expected):
                                          ("hdfs://nn:8020", "hdfs://nn:8020"), ("hdfs://", "hdfs://"),
                                          ("viewfs://c/", "viewfs://c/")])
 def test_ctx_default_fs_as_tensorflowonspark_gave_it(fs, expected):
-    from tfos.node.paths import context_default_fs
+    from tfos.data.paths import context_default_fs
 
     assert context_default_fs(fs) == expected
 

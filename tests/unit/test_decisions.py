@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import pytest
 
 from tfos import topology as T
-from tfos.agent import gpus as G
-from tfos.agent.supervisor import tf_process_command
-from tfos.driver.settings import seconds as _seconds, validate_reserve
-from tfos.driver.feed_scheduler import pick_node
-from tfos.driver.lifecycle import Lifecycle, Phase, allowed
+from tfos.host import gpus as G
+from tfos.cluster.agent.supervisor import tf_process_command
+from tfos.cluster.driver.settings import seconds as _seconds, validate_reserve
+from tfos.feed.driver.scheduler import pick_node
+from tfos.cluster.driver.lifecycle import Lifecycle, Phase, allowed
 from tfos.errors import ClusterStateError, ConfigError, TFOSError
-from tfos.executor.bootstrap import agent_command
+from tfos.cluster.executor.bootstrap import agent_command
 from tfos.host.claims import port_candidates
-from tfos.node.paths import absolute_path
+from tfos.data.paths import absolute_path
 from tfos.wire.messages import Column
 from tfos.wire.schema import column_drift
 
@@ -219,8 +219,8 @@ def test_absolute_path(path, fs, wd, user, expected):
 
 
 def test_command_lines():
-    assert tf_process_command("/py") == ["/py", "-u", "-m", "tfos.node"]
-    assert agent_command("/py") == ["/py", "-u", "-m", "tfos.agent"]
+    assert tf_process_command("/py") == ["/py", "-u", "-m", "tfos.cluster.node"]
+    assert agent_command("/py") == ["/py", "-u", "-m", "tfos.cluster.agent"]
 
 
 def _imported_after(code: str) -> set:
@@ -231,23 +231,23 @@ def _imported_after(code: str) -> set:
 
 def test_package_root_loads_neither_driver_nor_pyspark_nor_tensorflow():
     mods = _imported_after("import tfos; from tfos import InputMode, TFOSError, NodeFailedError")
-    assert not [m for m in mods if m.startswith(("tfos.driver", "pyspark", "tensorflow", "tfos.node"))]
+    assert not [m for m in mods if m.startswith(("tfos.cluster.driver", "pyspark", "tensorflow", "tfos.cluster.node"))]
 
 
 def test_node_and_agent_packages_do_not_load_driver_modules():
-    for entry in ("tfos.node.runtime", "tfos.node.datafeed", "tfos.agent.supervisor", "tfos.executor.feeding"):
+    for entry in ("tfos.cluster.node.runtime", "tfos.feed.node.datafeed", "tfos.cluster.agent.supervisor", "tfos.feed.executor.producer"):
         mods = _imported_after(f"import {entry}")
-        assert not [m for m in mods if m.startswith(("tfos.driver", "tensorflow"))], entry
+        assert not [m for m in mods if m.startswith(("tfos.cluster.driver", "tensorflow"))], entry
 
 
 def test_the_driver_api_loads_no_pyarrow_until_data_is_fed():
     mods = _imported_after("from tfos import TFCluster")  # e.g. Horovod's TF 2.15 env pins an older stack
-    assert not [m for m in mods if m.startswith(("pyarrow", "tensorflow", "tfos.executor.feeding"))]
+    assert not [m for m in mods if m.startswith(("pyarrow", "tensorflow", "tfos.feed.executor.producer"))]
 
 
 def test_public_names_resolve_lazily():
     mods = _imported_after("import tfos; tfos.TFCluster; tfos.NodeContext; tfos.DataFeed; tfos.TFNode")
-    assert "tfos.driver.cluster" in mods and "tfos.node.context" in mods
+    assert "tfos.cluster.driver.api" in mods and "tfos.cluster.node.context" in mods
 
 
 @pytest.mark.parametrize("value,allow_zero,expected", [(1, False, 1.0), (0.5, False, 0.5), (0, True, 0.0),
@@ -269,7 +269,7 @@ def test_duration_settings_are_checked_before_they_cross_to_the_nodes(value, all
     ({"spark.driver.host": "h"}, {"TFOS_SERVER_PORT": "4001"}, ("h", "0.0.0.0", 4001, "spark.driver.host")),
 ])
 def test_control_address(conf, env, expected):
-    from tfos.driver.spark import control_address
+    from tfos.cluster.driver.spark import control_address
 
     a = control_address(conf, env)
     assert (a.advertise, a.bind, a.port, a.setting) == expected
@@ -288,7 +288,7 @@ def test_control_address(conf, env, expected):
      ("gw", "10.1.2.3", "TFOS_ADVERTISE_HOST", "spark.driver.bindAddress")),
 ])
 def test_control_address_of_a_client_and_behind_nat(conf, env, client, expected):
-    from tfos.driver.spark import control_address
+    from tfos.cluster.driver.spark import control_address
 
     a = control_address(conf, env, default_advertise=client)
     assert (a.advertise, a.bind, a.setting, a.bind_setting) == expected
@@ -339,7 +339,7 @@ def test_hadoop_default_fs_as_a_connect_barrier_task_reads_it(environ, files, ex
                                          ("5000-5000", (5000,))])
 def test_control_address_port_range(value, ports):
     """TensorFlowOnSpark's TFOS_SERVER_PORT forms: one port, or a range tried in order."""
-    from tfos.driver.spark import control_address
+    from tfos.cluster.driver.spark import control_address
 
     a = control_address({"spark.driver.host": "h"}, {"TFOS_SERVER_PORT": value})
     assert a.ports == ports and a.port == ports[0]
@@ -347,7 +347,7 @@ def test_control_address_port_range(value, ports):
 
 @pytest.mark.parametrize("port", ["x", "-1", "70000", "9999-9997", "1-2-3", "0-5", "65535-65536", "9997-", "-9999"])
 def test_control_address_rejects_bad_port(port):
-    from tfos.driver.spark import control_address
+    from tfos.cluster.driver.spark import control_address
 
     with pytest.raises(ConfigError, match="TFOS_SERVER_PORT"):
         control_address({}, {"TFOS_SERVER_PORT": port})
@@ -364,7 +364,7 @@ def test_control_address_rejects_bad_port(port):
     ("gone", "k8s://x", None, False),                # unresolvable here: executors may resolve it
 ])
 def test_check_advertised_refuses_loopback_for_remote_executors(advertise, master, resolves_to, fails):
-    from tfos.driver.spark import ControlAddress, check_advertised
+    from tfos.cluster.driver.spark import ControlAddress, check_advertised
 
     def resolve(name):
         if name[0].isdigit():
@@ -390,7 +390,7 @@ def test_check_advertised_refuses_loopback_for_remote_executors(advertise, maste
     ((True, False), 0, 3, "NonRetryable"),
 ])
 def test_restart_refusal(retryable, done, max_restarts, refused):
-    from tfos.driver.lifecycle import restart_refusal
+    from tfos.cluster.driver.lifecycle import restart_refusal
     from tfos.errors import NodeFailure
 
     failures = [NodeFailure(i, "worker", i, "h", "boom", retryable=r) for i, r in enumerate(retryable)]
@@ -409,7 +409,7 @@ def test_restart_refusal(retryable, done, max_restarts, refused):
     ("worker", (), 1, True, 1, False),              # MWMS/Horovod: a collective needs every rank
 ])
 def test_loss_tolerated(job, survivable, peers, started, max_restarts, tolerated):
-    from tfos.driver.lifecycle import loss_tolerated
+    from tfos.cluster.driver.lifecycle import loss_tolerated
 
     assert loss_tolerated(job, survivable, peers, started, max_restarts) is tolerated
 
@@ -423,7 +423,7 @@ def test_loss_tolerated(job, survivable, peers, started, max_restarts, tolerated
     ({"LD_PRELOAD": ""}, True),
 ])
 def test_malloc_environment_of_the_tf_process(env, added):
-    from tfos.agent.supervisor import MALLOC_DEFAULTS, malloc_environment
+    from tfos.cluster.agent.supervisor import MALLOC_DEFAULTS, malloc_environment
 
     assert malloc_environment(env) == (MALLOC_DEFAULTS if added else {})
 
@@ -435,7 +435,7 @@ def test_malloc_environment_of_the_tf_process(env, added):
     ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2", "TF_CPU_ALLOCATOR_USE_BFC": ""}, set()),
 ])
 def test_memory_environment_of_the_tf_process(env, expected):
-    from tfos.agent.supervisor import memory_environment
+    from tfos.cluster.agent.supervisor import memory_environment
 
     added = memory_environment(env)
     assert set(added) == expected

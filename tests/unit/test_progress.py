@@ -2,7 +2,7 @@
 
 import json
 
-from tfos.driver import progress as prog
+from tfos.cluster.driver import progress as prog
 
 
 def test_rank_table_lists_every_node():

@@ -1,4 +1,4 @@
-"""The reaper between the node agent and the TF process (``tfos.agent.reaper``): no descendant of
+"""The reaper between the node agent and the TF process (``tfos.cluster.agent.reaper``): no descendant of
 the TF process survives it. Real processes, no Spark, no TensorFlow."""
 
 import os
@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from tfos.agent.reaper import REAPER_MODULE, descendants, reaper_command
+from tfos.cluster.agent.reaper import REAPER_MODULE, descendants, reaper_command
 from tfos.testing import wait_for
 
 # The "TF process" under the reaper: it starts a child, which starts a grandchild and a setsid'ed
@@ -54,9 +54,9 @@ def test_descendants(parents, root, expected):
 
 
 def test_reaper_command():
-    assert reaper_command("/py", 5, (7,), ["/py", "-u", "-m", "tfos.node"]) == [
-        "/py", "-m", "tfos.agent.reaper", "--grace", "5.0", "--pass-fd", "7", "--", "/py", "-u", "-m", "tfos.node"]
-    assert reaper_command("/py", 0.5, (), ["x"]) == ["/py", "-m", "tfos.agent.reaper", "--grace", "0.5", "--", "x"]
+    assert reaper_command("/py", 5, (7,), ["/py", "-u", "-m", "tfos.cluster.node"]) == [
+        "/py", "-m", "tfos.cluster.agent.reaper", "--grace", "5.0", "--pass-fd", "7", "--", "/py", "-u", "-m", "tfos.cluster.node"]
+    assert reaper_command("/py", 0.5, (), ["x"]) == ["/py", "-m", "tfos.cluster.agent.reaper", "--grace", "0.5", "--", "x"]
 
 
 def test_reaper_loads_no_tensorflow_and_few_tfos_modules():
@@ -64,7 +64,7 @@ def test_reaper_loads_no_tensorflow_and_few_tfos_modules():
                          capture_output=True, text=True, check=True).stdout.split()
     assert not [m for m in out if m.startswith(("tensorflow", "pyspark", "keras", "numpy"))]
     assert {m for m in out if m.startswith("tfos")} <= {"tfos", "tfos.errors", "tfos.topology", "tfos.host",
-                                                         "tfos.host.processes", "tfos.agent", REAPER_MODULE}
+                                                         "tfos.host.processes", "tfos.cluster", "tfos.cluster.agent", REAPER_MODULE}
 
 
 def _reaper(command, grace, **popen_kw):

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from tfos.driver.tracking import _Averager, args_params, flatten_params, metric_points  # noqa: E402
+from tfos.cluster.driver.tracking import _Averager, args_params, flatten_params, metric_points  # noqa: E402
 
 
 @pytest.mark.parametrize("entries,start,points,counter", [

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from tfos.driver.feed_scheduler import FeedScheduler
-from tfos.driver.registry import NodeRegistry
-from tfos.driver.service import ControlService
+from tfos.feed.driver.scheduler import FeedScheduler
+from tfos.cluster.driver.registry import NodeRegistry
+from tfos.cluster.driver.service import ControlService
 from tfos.errors import AuthenticationError, ProtocolError, RequestRefused, TFOSTimeoutError
 from tfos.wire import channel as C
 from tfos.wire import messages as M
@@ -202,7 +202,7 @@ def test_get_node_failure_answers_with_the_nodes_error_or_nothing():
     import threading
     import time
 
-    from tfos.driver.registry import NodeRegistry
+    from tfos.cluster.driver.registry import NodeRegistry
     from tfos.errors import NodeFailure
 
     reg = NodeRegistry("c", [("worker", 0), ("worker", 1)])
@@ -229,7 +229,7 @@ def test_get_node_failure_answers_with_the_nodes_error_or_nothing():
 def test_registry_names_the_silent_nodes_until_the_monitor_decides():
     import time
 
-    from tfos.driver.registry import NodeRegistry
+    from tfos.cluster.driver.registry import NodeRegistry
 
     reg = NodeRegistry("c", [("chief", 0), ("worker", 0), ("worker", 1)])
     for i in (0, 1):  # node 2's agent never started: not silent, just not there

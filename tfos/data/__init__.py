@@ -43,11 +43,27 @@ package imports neither TensorFlow nor pyspark.
 """
 
 
-from tfos.data.example import KINDS, decode_example, encode_example
-from tfos.data.readers import csv_dataset, parquet_dataset, tfrecord_dataset
-from tfos.data.sharding import list_files, list_files_with_sizes, rank_files, shard, shard_by_size
-from tfos.data.spark_io import load_tfrecords, save_as_tfrecords
-from tfos.data.tfrecord import iter_tfrecords, tfrecord_frame
+# Exported lazily (PEP 562), so ``tfos.data.paths`` or ``tfos.data.fs`` can be imported by the
+# driver, the agent or a TF process without loading the readers, numpy or pyarrow.
+_EXPORTS = {
+    "example": ("KINDS", "decode_example", "encode_example"),
+    "readers": ("csv_dataset", "parquet_dataset", "tfrecord_dataset"),
+    "sharding": ("list_files", "list_files_with_sizes", "rank_files", "shard", "shard_by_size"),
+    "spark_io": ("load_tfrecords", "save_as_tfrecords"),
+    "tfrecord": ("iter_tfrecords", "tfrecord_frame"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        import importlib
+
+        value = getattr(importlib.import_module(f"tfos.data.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tfos.data' has no attribute {name!r}")
+
 
 __all__ = [
     "list_files", "list_files_with_sizes", "shard", "shard_by_size", "rank_files",

@@ -24,7 +24,7 @@ from tfos.data.sharding import list_files
 from tfos.data.spark_io import _encode_row, load_tfrecords, save_as_tfrecords
 from tfos.data.tfrecord import _iter_file_records
 from tfos.errors import ConfigError
-from tfos.node.paths import absolute_path
+from tfos.data.paths import absolute_path
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +41,9 @@ _BYTES = ("binary", "string")
 def _hadoop_uri(sc, path: str) -> str:
     """``path`` as Hadoop resolved it for TensorFlowOnSpark: a URI as it is, a plain path on
     Spark's default filesystem (relative: the working directory, or /user/<name> on HDFS)."""
-    from tfos.driver.spark import default_fs
+    from tfos.data.fs import spark_default_fs
 
-    return absolute_path(path, default_fs(sc), os.getcwd(), getpass.getuser())
+    return absolute_path(path, spark_default_fs(sc), os.getcwd(), getpass.getuser())
 
 
 def isLoadedDF(df) -> bool:  # noqa: N802 (TensorFlowOnSpark's name)

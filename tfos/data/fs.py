@@ -244,3 +244,11 @@ def hadoop_default_fs(environ=os.environ, read=None) -> str:
         if fs:
             return fs
     return "file:///"
+
+
+def spark_default_fs(sc) -> str:
+    """``fs.defaultFS`` of a SparkContext's Hadoop configuration (the driver's), ``file:///`` when unset."""
+    try:
+        return sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+    except Exception:
+        return "file:///"

@@ -2,7 +2,7 @@
 
 Runs in the TF process (inside ``main_fun``). TensorFlow is imported only when a reader is
 called; files are opened through pyarrow (so hdfs:// works without TF's own filesystems), and
-Arrow columns become numpy with :func:`tfos.wire.arrow.column_to_numpy`.
+Arrow columns become numpy with :func:`tfos.feed.arrow.column_to_numpy`.
 
 Every dataset here has ``AutoShardPolicy.OFF``: the files are already split per rank (see the
 :mod:`tfos.data` docstring for why tf.distribute must not shard them again).
@@ -17,7 +17,7 @@ import numpy as np
 from tfos.data.fs import _file_list, _local_path, _resolve
 from tfos.data.tfrecord import _compression_of, _iter_file_records, _norm_compression
 from tfos.errors import ConfigError, FeedError, TFOSError
-from tfos.tf.datasets import no_autoshard
+from tfos.data.datasets import no_autoshard
 
 
 def tfrecord_dataset(files, compression_type="auto", features=None, reader: str = "auto",
@@ -78,7 +78,7 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
 # --------------------------------------------------------------------------- Arrow batches -> tf.data
 
 def _batch_to_numpy(batch, source: str) -> dict:
-    from tfos.wire.arrow import column_to_numpy
+    from tfos.feed.arrow import column_to_numpy
 
     try:
         return {field.name: column_to_numpy(batch.column(i), field) for i, field in enumerate(batch.schema)}

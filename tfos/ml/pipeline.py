@@ -196,7 +196,7 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
                          steps=1000, grace_secs=30)
 
     def _fit(self, dataset):
-        from tfos.driver.cluster import TFCluster
+        from tfos.cluster.driver.api import TFCluster
 
         local_args = self.merge_args_params()
         logger.info("TFEstimator args + params: %s", local_args)
@@ -306,8 +306,8 @@ def single_node_env(args) -> None:
     import os
     import sys
 
-    from tfos.agent.gpus import gpu_environment, gpus_present, pick_gpus
-    from tfos.executor.parallel import requested_gpus
+    from tfos.host.gpus import gpu_environment, gpus_present, pick_gpus
+    from tfos.cluster.executor.parallel import requested_gpus
 
     argv = args if isinstance(args, list) else getattr(args, "argv", None)
     if argv:

@@ -10,9 +10,9 @@ import sys
 import tempfile
 import time
 
-from tfos.agent.reaper import REAPER_MODULE
-from tfos.agent.supervisor import TF_PROCESS_MODULE
-from tfos.executor.bootstrap import AGENT_MODULE
+from tfos.cluster.agent.reaper import REAPER_MODULE
+from tfos.cluster.agent.supervisor import TF_PROCESS_MODULE
+from tfos.cluster.executor.bootstrap import AGENT_MODULE
 
 
 def gpu_discovery_script(addresses, directory: str | None = None) -> str:

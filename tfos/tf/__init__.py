@@ -11,7 +11,7 @@ it inside the functions that need it, so ``import tfos.keras_dist`` stays cheap 
 * :mod:`tfos.tf.compat`: TensorFlowOnSpark migration helpers (``tfos.compat``).
 * :mod:`tfos.tf.collectives`: ``CommunicationOptions`` and the MWMS cluster resolver.
 * :mod:`tfos.tf.compression`: the fp16 all-reduce compression of both all-reduce paths.
-* :mod:`tfos.tf.datasets`: ``no_autoshard(ds)``.
+* :mod:`tfos.data.datasets`: ``no_autoshard(ds)``.
 
 The old paths (``tfos.keras_dist`` ...) are aliases of these modules (the same module objects).
 """

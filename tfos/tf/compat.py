@@ -63,7 +63,7 @@ class TFNode:
 
     @staticmethod
     def DataFeed(mgr, train_mode=True, qname_in="input", qname_out="output", input_mapping=None):  # noqa: N802
-        from tfos.node.datafeed import DataFeed
+        from tfos.feed.node.datafeed import DataFeed
 
         return DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping)
 
@@ -73,7 +73,7 @@ class TFNode:
         ``ctx.working_dir``, so any context object of the older shape works."""
         import getpass
 
-        from tfos.node.paths import absolute_path
+        from tfos.data.paths import absolute_path
 
         return absolute_path(path, ctx.defaultFS, ctx.working_dir, getpass.getuser())
 

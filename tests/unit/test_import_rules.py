@@ -1,0 +1,170 @@
+"""The package's layering, checked over every module of ``tfos`` (imports at module level and
+inside functions alike, read with ``ast``; nothing is imported to check it).
+
+``RULES`` is the one table: a module prefix (the longest match wins) -> the prefixes its modules
+may import. Capability first (``cluster``, ``feed``), then the process that runs the code
+(``driver``, ``executor``, ``agent``, ``node``); ``BASE`` is the shared layer every process may
+import. On top of the table, nothing reachable from a process that is not the driver (the agent,
+the TF process, the Spark tasks) may reach a driver module, however indirectly.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tfos")
+
+#: The shared layer: messages and channels, roles, errors, host-local state, Arrow framing, paths.
+BASE = ("tfos.errors", "tfos.topology", "tfos.wire", "tfos.host", "tfos.feed.arrow", "tfos.data.paths",
+        "tfos.data.fs")
+DATA = BASE + ("tfos.data",)
+TF_PROCESS = DATA + ("tfos.cluster.node", "tfos.feed.node")
+DRIVER = DATA + ("tfos.backends", "tfos.cluster", "tfos.feed")  # the driver builds what the tasks run
+
+RULES: dict[str, tuple[str, ...]] = {
+    "tfos.errors": (),
+    "tfos.topology": ("tfos.errors",),
+    "tfos.wire": ("tfos.errors", "tfos.topology", "tfos.wire"),
+    "tfos.host": ("tfos.errors", "tfos.host"),
+    "tfos.feed.arrow": ("tfos.errors", "tfos.wire"),
+    "tfos.data": DATA,
+    "tfos.backends": BASE + ("tfos.backends", "tfos.tf"),  # a backend's node hooks use the TF helpers
+    # processes that are not the driver
+    "tfos.cluster.agent": BASE + ("tfos.cluster.agent",),
+    "tfos.cluster.executor": DATA + ("tfos.cluster.executor",),
+    "tfos.feed.executor": DATA + ("tfos.feed.executor",),
+    "tfos.feed.node": DATA + ("tfos.feed.node",),
+    "tfos.cluster.node": TF_PROCESS + ("tfos.backends",),
+    "tfos.tf": TF_PROCESS + ("tfos.tf", "tfos.keras_dist"),  # helpers for main_fun, above the runtime
+    # the driver
+    "tfos.cluster.driver": DRIVER,
+    "tfos.feed.driver": DRIVER,
+    "tfos.ml": DRIVER + ("tfos.ml", "tfos.InputMode", "tfos.TFCluster"),
+    "tfos.run": DRIVER,
+    "tfos.testing": DRIVER,
+    # the package root (its public names are re-exported lazily, by name)
+    "tfos": ("tfos.errors", "tfos.topology"),
+    # TensorFlowOnSpark's module names, each an alias of the module it names
+    "tfos.TFManager": ("tfos.feed.node.manager",),
+    "tfos.TFParallel": ("tfos.cluster.driver.parallel",),
+}
+#: Modules that run outside the driver: nothing they import, directly or not, may be a driver module.
+NOT_DRIVER = ("tfos.cluster.agent", "tfos.cluster.executor", "tfos.cluster.node", "tfos.feed.executor",
+              "tfos.feed.node", "tfos.tf", "tfos.ml.predictor")
+DRIVER_MODULES = ("tfos.cluster.driver", "tfos.feed.driver")
+
+
+def rule_for(module: str) -> tuple[str, tuple[str, ...]]:
+    """The longest prefix of ``RULES`` that ``module`` falls under, with its allowed imports."""
+    best = max((p for p in RULES if module == p or module.startswith(p + ".")), key=len)
+    return best, RULES[best]
+
+
+def allowed(module: str, imported: str) -> bool:
+    _, may = rule_for(module)
+    return any(imported == p or imported.startswith(p + ".") for p in may + (module,))
+
+
+def module_imports(path: str, module: str) -> list[tuple[str, int]]:
+    """``(imported tfos module, line)`` for every import in the file, wherever it stands."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "tfos"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            if base.split(".")[0] != "tfos":
+                continue
+            for a in node.names:  # `from tfos.x import y`: y is a module or a name in tfos.x
+                name = f"{base}.{a.name}"  # the root's lazy names count as what they are: tfos.TFCluster
+                found.append((name if _is_module(name) or base == "tfos" else base, node.lineno))
+    return found
+
+
+def _is_module(name: str) -> bool:
+    rel = os.path.join(os.path.dirname(ROOT), *name.split("."))
+    return os.path.isfile(rel + ".py") or os.path.isfile(os.path.join(rel, "__init__.py"))
+
+
+def all_modules(root: str = ROOT) -> dict[str, str]:
+    """Every module of the package under ``root``: dotted name -> file."""
+    mods = {}
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x != "__pycache__"]
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                rel = os.path.relpath(path, os.path.dirname(root))[:-3].replace(os.sep, ".")
+                mods[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = path
+    return mods
+
+
+def violations(root: str = ROOT) -> list[str]:
+    """Every import that breaks the table, and every driver module reachable from a non-driver one."""
+    mods = all_modules(root)
+    graph = {m: module_imports(p, m) for m, p in mods.items()}
+    bad = [f"{m}:{line} imports {imp} (allowed: {', '.join(rule_for(m)[1]) or 'nothing of tfos'})"
+           for m, imps in sorted(graph.items()) for imp, line in imps if not allowed(m, imp)]
+    for start in sorted(m for m in mods if m.startswith(NOT_DRIVER)):
+        seen, todo, parent = {start}, [start], {}
+        while todo:
+            m = todo.pop()
+            for imp, _ in graph.get(m, ()):
+                target = imp if imp in graph else imp.rpartition(".")[0]
+                if target in graph and target not in seen:
+                    seen.add(target)
+                    parent[target] = m
+                    todo.append(target)
+        for hit in sorted(m for m in seen if m.startswith(DRIVER_MODULES)):
+            chain, m = [hit], hit
+            while m in parent:
+                m = parent[m]
+                chain.append(m)
+            bad.append(f"{start} reaches the driver: {' -> '.join(reversed(chain))}")
+    return bad
+
+
+def test_every_module_has_a_rule():
+    assert all(rule_for(m) for m in all_modules())
+
+
+def test_the_import_rules_hold():
+    assert violations() == []
+
+
+@pytest.mark.parametrize("module,imported,ok", [
+    ("tfos.cluster.node.context", "tfos.feed.node.datafeed", True),
+    ("tfos.cluster.node.context", "tfos.cluster.driver.registry", False),  # a TF process importing the driver
+    ("tfos.cluster.agent.supervisor", "tfos.cluster.node.runtime", False),  # the agent never loads the TF runtime
+    ("tfos.feed.node.datafeed", "tfos.tf.keras_dist", False),  # the runtime below the main_fun helpers
+    ("tfos.tf.compat", "tfos.feed.node.datafeed", True),
+    ("tfos.data.dfutil", "tfos.cluster.driver.spark", False),  # data is shared: no upward import
+    ("tfos.wire.messages", "tfos.feed.arrow", False),
+    ("tfos.feed.driver.jobs", "tfos.feed.executor.producer", True),  # the driver ships the feeding task
+    ("tfos.ml.pipeline", "tfos.cluster.driver.api", True),
+])
+def test_rule_table(module, imported, ok):
+    assert allowed(module, imported) is ok
+
+
+def test_a_forbidden_import_is_caught(tmp_path):
+    """A copy of the package with one import a TF process must not make: the check names it, and
+    the driver it reaches."""
+    import shutil
+
+    copy = tmp_path / "tfos"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "cluster" / "node" / "reporting.py"
+    target.write_text(target.read_text() + "\n\ndef _oops():\n    from tfos.cluster.driver import registry\n")
+    found = violations(str(copy))
+    assert any("tfos.cluster.node.reporting" in v and "tfos.cluster.driver.registry" in v for v in found), found
+    assert any(v.startswith("tfos.cluster.node.runtime reaches the driver") for v in found), found

@@ -1,6 +1,0 @@
-"""``python -m tfos.agent``: the node agent, with its NodeConfig as one encoded line on stdin."""
-
-from tfos.agent.supervisor import main
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""The driver's control service: the TCP endpoint agents, TF processes and feeding tasks talk
+to (runs on the driver). Requests are typed messages dispatched by type to the node registry
+and the feed scheduler; one reply each. No Arrow frames are accepted on this channel."""
+
+from __future__ import annotations
+
+import logging
+
+from tfos.feed.driver.scheduler import FeedScheduler
+from tfos.cluster.driver.registry import NodeRegistry
+from tfos.errors import ChannelClosed, ProtocolError
+from tfos.wire import messages as M
+from tfos.wire.channel import Channel
+from tfos.wire.listener import Listener
+
+logger = logging.getLogger(__name__)
+
+
+class ControlService:
+    def __init__(self, registry: NodeRegistry, scheduler: FeedScheduler, secret: str, bind_host: str = "0.0.0.0",
+                 port: int = 0):
+        self.registry = registry
+        self.handlers = {
+            M.RegisterNode: registry.on_register,
+            M.GetClusterSpec: registry.on_cluster_spec,
+            M.AgentStarted: registry.on_agent_started,
+            M.Heartbeat: registry.on_heartbeat,
+            M.NodeExited: registry.on_node_exited,
+            M.Report: registry.on_report,
+            M.LogModel: registry.on_log_model,
+            M.GetNodeFailure: registry.on_get_node_failure,
+            M.AssignChunk: scheduler.on_assign,
+            M.FeedTerminated: scheduler.on_terminated,
+        }
+        self._listener = Listener(secret, self._serve, f"control-{registry.cluster_id}", bind_host,
+                                  max_data_frame=0, port=port)
+        self.port = self._listener.port
+
+    def start(self) -> "ControlService":
+        self._listener.start()
+        return self
+
+    def stop(self) -> None:
+        self._listener.close()
+
+    def handle(self, msg):
+        """The reply to one request."""
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            return M.ErrorReply(f"the driver does not accept {type(msg).__name__}")
+        if msg.cluster_id != self.registry.cluster_id:
+            return M.ErrorReply(f"message for cluster {msg.cluster_id}, this is {self.registry.cluster_id}")
+        try:
+            return handler(msg)
+        except ProtocolError as e:
+            return M.ErrorReply(str(e))
+        except Exception as e:  # never let a handler bug kill the service
+            logger.exception("tfos control service failed on %s", type(msg).__name__)
+            return M.ErrorReply(f"driver error: {e}")
+
+    def _serve(self, ch: Channel) -> None:
+        while True:
+            try:
+                msg = ch.recv()
+            except ChannelClosed:
+                return
+            except ProtocolError as e:  # answered (by the listener), then closed: framing may be lost
+                raise ProtocolError(f"bad request: {e}") from None
+            ch.send(self.handle(msg))

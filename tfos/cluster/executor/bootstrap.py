@@ -1,0 +1,120 @@
+"""The Spark barrier task on each executor (runs in the executor's Python worker).
+
+It creates the node directory fresh in this user's private directory (``tfos.host.private``),
+hands the user's function (with the backend's node hooks) to the node by a 0600 file there, and launches the node agent (``python -m tfos.cluster.agent``) as a
+detached process with its :class:`~tfos.wire.messages.NodeConfig` on stdin. In
+InputMode.TENSORFLOW the task then holds its slot until the agent exits; in InputMode.SPARK it
+returns at once so the executor's slot is free for the tasks that feed data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+from tfos.errors import TFOSError
+from tfos.host import private, processes
+from tfos.topology import InputMode
+from tfos.wire import messages as M
+
+#: How the node agent is started: ``python -u -m tfos.cluster.agent`` (pure, tested).
+AGENT_MODULE = "tfos.cluster.agent"
+
+
+def agent_command(python: str) -> list[str]:
+    return [python, "-u", "-m", AGENT_MODULE]
+
+
+def node_dir_hint(cluster_id: str) -> str:
+    """Where the nodes' directories are, for error messages (``<tmp>/tfos-<uid>/<cluster_id>/node-<i>``)."""
+    return os.path.join(tempfile.gettempdir(), "tfos-<uid>", cluster_id, "node-<i>")
+
+
+def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
+    """Return the mapPartitions function of the reservation barrier stage."""
+
+    def bootstrap(_iterator):
+        from pyspark import BarrierTaskContext, cloudpickle
+
+        ctx = BarrierTaskContext.get()
+        i = ctx.partitionId()
+        address = ctx.getTaskInfos()[i].address
+        node_host = address.rsplit(":", 1)[0] if ":" in address else address
+        res = ctx.resources()
+        ndir = private.fresh_dir(private.private_dir(cluster.cluster_id), f"node-{i}")
+        fn_path = os.path.join(ndir, "main_fun.pkl")
+        private.write_private_file(fn_path, cloudpickle.dumps((main_fun, tf_args, node_hooks)))
+        job, task_index = cluster.roles[i]
+        node_cluster = cluster
+        if not cluster.default_fs:  # a Spark Connect client could not ask the driver: this host's Hadoop config
+            from tfos.data.fs import hadoop_default_fs
+
+            node_cluster = dataclasses.replace(cluster, default_fs=hadoop_default_fs())
+        cfg = M.NodeConfig(cluster=node_cluster, node_index=i, job_name=job, task_index=task_index, host=node_host,
+                           node_dir=ndir, fn_path=fn_path, working_dir=os.getcwd(), python=sys.executable,
+                           sys_path=tuple(p for p in sys.path if p),
+                           spark_gpus=tuple(res["gpu"].addresses) if "gpu" in res else (),
+                           jvm_pid=processes.jvm_ancestor())
+        proc = launch_agent(cfg)
+        status = wait_started(proc, timeout=cluster.reservation_timeout, ndir=ndir)
+        if cluster.input_mode == InputMode.TENSORFLOW:
+            proc.wait()  # the agent's own watchdogs bound its life (driver heartbeat, executor JVM)
+        yield f"node {i} on {node_host}: {status}"
+
+    return bootstrap
+
+
+def arrow_bootstrap(bootstrap):
+    """``bootstrap`` as the function of ``mapInArrow(..., barrier=True)`` (Spark Connect, where no
+    RDD exists): it runs once per task, whatever the input rows, and yields its status line."""
+
+    def run(batches):
+        import pyarrow as pa
+
+        for _ in batches:  # the one row of spark.range(n, numPartitions=n) carries nothing tfos needs
+            pass
+        for line in bootstrap(iter(())):
+            yield pa.RecordBatch.from_pydict({"status": [line]}, schema=pa.schema([("status", pa.string())]))
+
+    return run
+
+
+def launch_agent(cfg: M.NodeConfig) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(cfg.sys_path)
+    with open(os.path.join(cfg.node_dir, "agent.err"), "ab") as err:
+        proc = subprocess.Popen(agent_command(cfg.python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, cwd=cfg.working_dir, env=env, start_new_session=True, close_fds=True)
+    proc.stdin.write(M.encode(cfg) + b"\n")
+    proc.stdin.close()
+    return proc
+
+
+def wait_started(proc: subprocess.Popen, timeout: float, ndir: str) -> str:
+    """Read the agent's first line: ``STARTED`` or ``FAILED <reason>``."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            processes.terminate(proc, 1.0, "node agent")
+            raise TFOSError(f"node agent did not start within {timeout:.0f}s (raise reservation_timeout); "
+                            f"see {ndir}/agent.log")
+        ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 1.0))
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+    line = buf.decode("utf-8", "replace").strip()
+    proc.stdout.close()
+    if not line.startswith("STARTED"):
+        detail = processes.tail(os.path.join(ndir, "agent.err"), 20) or processes.tail(
+            os.path.join(ndir, "agent.log"), 20)
+        raise TFOSError(f"node agent failed to start: {line or 'no output'}\n{detail}")
+    return line

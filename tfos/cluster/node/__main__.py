@@ -1,0 +1,56 @@
+"""``python -m tfos.cluster.node``: the TF process's entry point, with its NodeConfig as one encoded line
+on stdin. Only here does the process end itself (``os._exit``): when its agent dies, and at the end
+so that TF's and user threads cannot keep a finished node alive."""
+
+import logging
+import os
+import sys
+import traceback
+
+from tfos.errors import NONRETRYABLE_FILE, ConfigError, NonRetryable, TFOSError
+from tfos.host import processes
+from tfos.cluster.node.runtime import run_node
+from tfos.wire import messages as M
+
+
+def main() -> None:
+    cfg = M.decode(sys.stdin.buffer.readline())
+    if not isinstance(cfg, M.NodeConfig):
+        raise TFOSError(f"the TF process expects a NodeConfig on stdin, got {type(cfg).__name__}")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    processes.start_pipe_watchdog(cfg.watchdog_fd, lambda: os._exit(70))
+    sys.path[:0] = [p for p in cfg.sys_path if p not in sys.path]
+    code = 1
+    try:
+        code = run_node(cfg)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code:
+            _write_error(cfg, traceback.format_exc())
+    except BaseException as e:
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        _write_error(cfg, tb, retryable=not isinstance(e, (NonRetryable, ConfigError)))
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # os._exit: TF's and user threads must not keep a finished node alive at interpreter exit.
+    os._exit(code)
+
+
+def _write_error(cfg: M.NodeConfig, tb: str, retryable: bool = True) -> None:
+    """``error.txt``: the traceback; ``nonretryable``: present when a restart cannot help."""
+    try:
+        with open(os.path.join(cfg.node_dir, "error.txt"), "w") as f:
+            f.write(tb)
+        if not retryable:
+            with open(os.path.join(cfg.node_dir, NONRETRYABLE_FILE), "w") as f:
+                f.write("main_fun raised NonRetryable or ConfigError\n")
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""``ctx``: what ``main_fun(args, ctx)`` learns about its node (runs in the TF process)."""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import socket
+
+from tfos import topology
+from tfos.data.paths import absolute_path, context_default_fs
+from tfos.wire.messages import NodeConfig, NodeInfo
+
+
+class NodeContext:
+    """What ``main_fun(args, ctx)`` learns about its node (TensorFlowOnSpark-compatible fields).
+
+    Attributes: ``job_name``, ``task_index``, ``node_index`` (== ``executor_id`` == ``worker_num``),
+    ``rank`` / ``num_workers`` (index / count among chief+workers; None for ps/evaluator),
+    ``num_nodes``, ``nodes``, ``cluster_spec``, ``tf_config``, ``gpus``, ``host``, ``defaultFS``,
+    ``working_dir``, ``log_dir``, ``input_mode``, ``mgr`` (the feed hub in InputMode.SPARK),
+    ``attempt`` (0, or k after the k-th restart: ``max_restarts``) and ``checkpoint_dir`` (the
+    same on every attempt: restore from it).
+    """
+
+    def __init__(self, cfg: NodeConfig, nodes: tuple[NodeInfo, ...], held_port: socket.socket | None,
+                 hub=None, hooks=None, reporter=None):
+        self._hooks = hooks
+        self._strategy = None
+        self._held_port = held_port
+        self.reporter = reporter
+        self.node_index = cfg.node_index
+        self.executor_id = self.node_index
+        self.worker_num = self.node_index
+        self.job_name = cfg.job_name
+        self.task_index = cfg.task_index
+        roles = cfg.cluster.roles
+        self.rank = topology.training_rank(self.job_name, self.task_index, roles)
+        self.num_workers = topology.num_training_nodes(roles)
+        self.num_nodes = len(roles)
+        self.nodes = [dataclasses.asdict(n) for n in nodes]
+        self.cluster_spec = topology.cluster_spec(nodes)
+        self.tf_config = topology.tf_config(nodes, self.node_index)
+        self.gpus = list(cfg.gpus)
+        self.host = cfg.host
+        self.defaultFS = context_default_fs(cfg.cluster.default_fs)
+        self.working_dir = cfg.working_dir
+        self.node_dir = cfg.node_dir  # this node's private directory on the executor host (0700)
+        self.log_dir = cfg.cluster.log_dir
+        self.attempt = cfg.cluster.attempt  # 0 on the first start, k after the k-th restart (max_restarts)
+        self.checkpoint_dir = cfg.cluster.checkpoint_dir  # the same on every attempt: restore from it
+        self.input_mode = topology.InputMode(cfg.cluster.input_mode)
+        self.mgr = hub
+        self.tmp_socket = held_port
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the node that should write checkpoints / exports (chief, else worker 0)."""
+        return self.rank == 0
+
+    def absolute_path(self, path: str) -> str:
+        """Resolve ``path`` against the cluster's default filesystem (hdfs://... or file://)."""
+        return absolute_path(path, self.defaultFS, self.working_dir, getpass.getuser())
+
+    def strategy(self):
+        """The backend's ``tf.distribute`` strategy (MultiWorkerMirroredStrategy with the configured
+        CommunicationOptions, or ParameterServerStrategy on the chief), created once."""
+        if self._strategy is None:
+            self.release_port()
+            self._strategy = self._hooks.strategy(self)
+        return self._strategy
+
+    def horovod_compression(self):
+        """``hvd.Compression.fp16`` when the cluster was reserved with compression='fp16', else none."""
+        import horovod.tensorflow as hvd
+
+        return hvd.Compression.fp16 if getattr(self._hooks, "compression", None) == "fp16" else hvd.Compression.none
+
+    def release_port(self) -> None:
+        """Free the held TF server port (done before main_fun unless release_port=False)."""
+        if self._held_port is not None:
+            self._held_port.close()
+            self._held_port = None
+            self.tmp_socket = None
+
+    def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
+                      input_mapping=None):
+        """The data feed of InputMode.SPARK (see :class:`tfos.DataFeed`)."""
+        from tfos.feed.node.datafeed import DataFeed
+
+        return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
+
+    def report(self, **values) -> None:
+        """Progress values (step, loss, examples_per_sec, ...) for the driver's progress bar and
+        ``cluster.metrics()``, and the metric history of the MLflow run (``mlflow=True``; with its
+        ``step`` when given). Cheap to call every step: sent at most once per report_interval."""
+        self.reporter.record(values)
+
+    def log_model(self, path: str) -> None:
+        """Name the exported model (a SavedModel directory) that the driver logs with the MLflow
+        run at shutdown; ``path`` must be readable by the driver (shared storage)."""
+        self.reporter.flush()
+        self.reporter.driver.log_model(self.absolute_path(path))
+
+    def trace(self, name: str, cat: str = "step", **args):
+        """Context manager recording a span on the cluster timeline (``timeline=`` on reserve)."""
+        return self.reporter.trace(name, cat, **args)
+
+    def __repr__(self):
+        return (f"NodeContext(node_index={self.node_index}, job_name={self.job_name!r}, "
+                f"task_index={self.task_index}, rank={self.rank}, gpus={self.gpus})")

@@ -1,0 +1,102 @@
+"""Start-up of the TF process and the call of ``main_fun`` (runs in the TF process).
+
+Watch the agent (exit when it dies), hold a TF server port, start the feed hub
+(InputMode.SPARK), register with the driver, wait for the whole cluster spec, set TF_CONFIG
+and the backend's environment, then call ``main_fun(args, ctx)`` through the backend's node
+hooks. The process's entry point (``python -m tfos.cluster.node``, ``tfos/cluster/node/__main__.py``) writes a
+raised exception to ``error.txt`` in the node directory (the agent forwards it to the driver)
+and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import threading
+
+from tfos.errors import TFOSTimeoutError
+from tfos.host import claims
+from tfos.cluster.node.context import NodeContext
+from tfos.cluster.node.reporting import Reporter
+from tfos.topology import InputMode
+from tfos.wire import messages as M
+from tfos.wire.clients import DriverClient
+
+logger = logging.getLogger(__name__)
+
+
+def load_function_file(path: str):
+    """``(main_fun, args, node_hooks)`` from the node's private function file (written by the
+    barrier task with cloudpickle; deleted once read)."""
+    from pyspark import cloudpickle
+
+    # The file is 0600 in a fresh 0700 directory of this user (tfos.host.private); never follow a link.
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        loaded = cloudpickle.load(f)
+    os.remove(path)
+    return loaded
+
+
+def preimport_tensorflow() -> threading.Thread | None:
+    """Import TensorFlow in a daemon thread, so that its import (seconds) overlaps the wait for the
+    other nodes and main_fun finds it loaded. Join the thread before anything else may import
+    TF: a concurrent import of its modules can see them half initialised. None when TensorFlow
+    is not installed."""
+    if importlib.util.find_spec("tensorflow") is None:
+        return None
+
+    def run():
+        try:
+            importlib.import_module("tensorflow")
+        except Exception as e:  # main_fun's own import reports it
+            logger.debug("pre-importing tensorflow failed: %s", e)
+
+    thread = threading.Thread(target=run, name="tfos-import-tensorflow", daemon=True)
+    thread.start()
+    return thread
+
+
+def run_node(cfg: M.NodeConfig) -> int:
+    c = cfg.cluster
+    driver = DriverClient.for_node(cfg)
+    held = claims.reserve_tf_port(os.getpid())
+    hub = None
+    if c.input_mode == InputMode.SPARK:
+        from tfos.feed.node.hub import FeedHub
+
+        hub = FeedHub(c.secret, c.feed_queue_chunks, on_terminate=driver.feed_terminated).start()
+    info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host, held.getsockname()[1],
+                      hub.port if hub else 0, os.getpid())
+    driver.register(info)
+    importing = preimport_tensorflow() if c.preimport_tensorflow else None
+    reply = driver.cluster_spec(c.reservation_timeout)
+    if importing is not None:  # nothing else may import TF meanwhile (it would see half a module)
+        importing.join(c.reservation_timeout)
+        if importing.is_alive():
+            raise TFOSTimeoutError(f"importing tensorflow took longer than {c.reservation_timeout:g} s "
+                                   "(reservation_timeout)")
+    main_fun, args, hooks = load_function_file(cfg.fn_path)
+    reporter = Reporter(driver, c.report_interval, c.timeline, c.metric_history)
+    ctx = NodeContext(cfg, reply.nodes, held, hub, hooks, reporter)
+    if hub is not None:
+        hub.reporter = reporter
+    os.environ["TF_CONFIG"] = json.dumps(ctx.tf_config)
+    me = next(n for n in reply.nodes if n.node_index == cfg.node_index)
+    os.environ.update(hooks.env(me, reply.nodes, reply.backend))
+    logger.info("node %d is %s:%d; TF_CONFIG=%s", ctx.node_index, ctx.job_name, ctx.task_index,
+                os.environ["TF_CONFIG"])
+    if c.release_port:
+        ctx.release_port()
+    try:
+        with ctx.trace("main_fun", "node"):
+            result = hooks.run(main_fun, args, ctx)
+        if isinstance(result, str) and result and ctx.is_chief:  # main_fun returned its export path
+            ctx.log_model(result)
+    finally:
+        reporter.close()
+    if hub is not None:
+        hub.close()
+    return 0

@@ -1,0 +1,192 @@
+"""The driver side of InputMode.SPARK: the Spark jobs that feed data, the end of each feed, and
+the end of all feeds at shutdown (runs on the driver).
+
+:class:`FeedJobs` gets what it needs explicitly: the Spark entry point (``driver.spark``), the node registry and feed
+scheduler, the cluster configuration, and two callbacks of the cluster (``check_failed``
+raises the nodes' error if any node failed; ``abort`` fails the cluster).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import uuid
+
+from tfos.feed.driver.scheduler import FeedScheduler
+from tfos.cluster.driver.registry import NodeRegistry
+from tfos.cluster.driver.spark import SparkJob, raise_no_rdd
+from tfos.errors import FeedError, TFOSError, remote_error
+from tfos.wire import messages as M
+from tfos.wire.clients import end_feed
+
+logger = logging.getLogger(__name__)
+
+
+def is_dataframe(data) -> bool:
+    return hasattr(data, "mapInArrow") and hasattr(data, "schema")
+
+
+class FeedJobs:
+    def __init__(self, spark, registry: NodeRegistry, scheduler: FeedScheduler, cluster: M.ClusterConfig,
+                 check_failed, abort):
+        self.spark = spark  # driver.spark.ClassicSpark or ConnectSpark
+        self.registry = registry
+        self.scheduler = scheduler
+        self.cluster = cluster
+        self.check_failed = check_failed
+        self.abort = abort
+        self.rows_total: dict[int, int] = {}  # rows fed per node over all train() calls
+        self.events: list = []  # timeline events of the feeding jobs
+
+    def feed_config(self, qname: str, feed_timeout: float, chunk_rows) -> M.FeedConfig:
+        nodes = {n.node_index: n for n in self.registry.registered()}
+        ranks = tuple(self.scheduler.feed_ranks)
+        c = self.cluster
+        return M.FeedConfig(c.cluster_id, c.secret, c.driver_host, c.driver_port, uuid.uuid4().hex[:12], qname,
+                            float(feed_timeout), ranks,
+                            tuple((i, nodes[i].host, nodes[i].feed_port) for i in ranks), chunk_rows)
+
+    def run(self, description: str, action):
+        """Run ``action()`` (a Spark action) in its own job group; fail fast if a node fails meanwhile."""
+        reg = self.registry
+
+        def wake(_job):
+            with reg.cond:
+                reg.cond.notify_all()
+
+        job = SparkJob(self.spark, f"tfos-feed-{uuid.uuid4().hex[:8]}", description, action, on_done=wake)
+        with reg.cond:
+            while not job.done.is_set() and not reg.failures:
+                reg.cond.wait(0.5)
+        if not job.done.is_set():
+            job.cancel()
+            self.check_failed()
+        job.thread.join()
+        if job.error is not None:
+            self._await_node_verdict()
+            self.check_failed()
+            err = remote_error(job.error) or TFOSError(f"the feeding Spark job failed: {_first_line(job.error)}")
+            self.abort(err)  # a broken feed leaves nodes waiting for data: stop them; later calls re-raise
+            raise err from None
+        return job.result
+
+    def _await_node_verdict(self) -> None:
+        """A dead or unreachable node usually explains a failed feed (and Spark's retry of a feeding
+        task then fails with a retry refusal that says less). Give a dead node's exit report a
+        moment; while some node is silent (a cut network, a lost host) wait for the heartbeat
+        monitor's verdict on it, up to heartbeat_timeout."""
+        reg, c = self.registry, self.cluster
+        with reg.cond:
+            reg.cond.wait_for(lambda: bool(reg.failures), timeout=3.0)
+        deadline = time.monotonic() + c.heartbeat_timeout + 2 * c.heartbeat_interval
+        quiet = 3 * c.heartbeat_interval
+        while not reg.failures and reg.silent(quiet) and time.monotonic() < deadline:
+            with reg.cond:
+                reg.cond.wait(0.2)
+
+    def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None,
+              epochs_done: list | None = None) -> int:
+        """One feed of ``num_epochs`` epochs. With ``epochs_done`` (restarts allowed) every epoch is
+        its own Spark job and the rows of each completed epoch are appended to it, so the caller
+        knows where a failure interrupted the feed; else one job feeds all epochs."""
+        from tfos.feed.executor.producer import make_train_feeder  # pyarrow: loaded when data is fed, not at import
+
+        if not is_dataframe(data) and self.spark.connect:
+            raise_no_rdd("train() with an RDD")
+        cfg = self.feed_config(qname, feed_timeout, chunk_rows)
+        if is_dataframe(data):
+            feeder = make_train_feeder(cfg, arrow_input=True)
+
+            def action(times):
+                epochs = functools.reduce(lambda a, b: a.unionAll(b), [data] * times)
+                return sum(r[0] for r in epochs.mapInArrow(feeder, "rows long").collect())
+        else:
+            feeder = make_train_feeder(cfg, arrow_input=False)
+
+            def action(times):
+                return sum(self.spark.repeat(data, times).mapPartitionsWithIndex(feeder).collect())
+        t0 = time.monotonic()
+        wall0 = time.time()
+        if epochs_done is None:
+            total = self.run(f"tfos feed {cfg.feed_id} ({num_epochs} epochs)", lambda: action(num_epochs))
+        else:
+            for e in range(num_epochs):
+                epochs_done.append(self.run(f"tfos feed {cfg.feed_id} (epoch {e + 1} of {num_epochs})",
+                                            lambda: action(1)))
+            total = sum(epochs_done)
+        per_node = self.scheduler.take_rows(cfg.feed_id)
+        for node, rows in per_node.items():
+            self.rows_total[node] = self.rows_total.get(node, 0) + rows
+        self.events.append({"name": f"feed job {cfg.feed_id}", "cat": "feed", "ph": "X", "ts": int(wall0 * 1e6),
+                            "dur": int((time.time() - wall0) * 1e6),
+                            "args": {"rows": total, "epochs": num_epochs, "per_node": str(per_node)}})
+        for node in cfg.feed_nodes:
+            self._end_feed(cfg, node, per_node.get(node, 0))
+        secs = time.monotonic() - t0
+        logger.info("tfos fed %d rows in %.1fs (%.0f rows/s); per node: %s", total, secs, total / max(secs, 1e-9),
+                    per_node)
+        return total
+
+    def _end_feed(self, cfg: M.FeedConfig, node: int, rows: int) -> None:
+        reg = self.registry
+        with reg.cond:
+            if self.scheduler.finished_reading(node):
+                return
+        host, port = cfg.address(node)
+        try:
+            end_feed(host, port, cfg.secret, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout)
+        except (TFOSError, OSError):
+            with reg.cond:
+                reg.cond.wait_for(lambda: reg.nodes[node].exited is not None, timeout=5)
+                if self.scheduler.finished_reading(node):
+                    return
+            self.check_failed()
+            err = TFOSError(f"could not end the feed on node {node}")
+            self.abort(err)
+            raise
+
+    def inference(self, data, feed_timeout: float, qname: str, chunk_rows=None, output_column="prediction",
+                  output_type=None):
+        from tfos.feed.executor.producer import make_inference_feeder
+
+        if not is_dataframe(data) and self.spark.connect:
+            raise_no_rdd("inference() with an RDD")
+        cfg = self.feed_config(qname, feed_timeout, chunk_rows)
+        if not is_dataframe(data):
+            return data.mapPartitionsWithIndex(make_inference_feeder(cfg, arrow_input=False))
+        if output_type is None:
+            raise FeedError("DataFrame inference needs output_type, the Spark SQL type of one result "
+                            "(e.g. 'double', 'array<float>')")
+        from pyspark.sql.pandas.types import to_arrow_type
+        from pyspark.sql.types import StructField, StructType
+
+        result_type = self.spark.parse_type(output_type)
+        schema = StructType(list(data.schema.fields) + [StructField(output_column, result_type)])
+        return data.mapInArrow(make_inference_feeder(cfg, True, output_column, to_arrow_type(result_type)), schema)
+
+    def close_feeds(self, timeout: float = 30.0) -> list[tuple[int, str]]:
+        """Tell every feeding node that no more data will come (their feeds end). Returns the live
+        nodes that could not be told, with why (a node that exited meanwhile is not one of them)."""
+        c = self.cluster
+        unreached = []
+        for n in self.registry.registered():
+            if n.node_index not in self.scheduler.feed_ranks or not n.feed_port:
+                continue
+            if self.registry.nodes[n.node_index].exited is not None:
+                continue
+            try:
+                end_feed(n.host, n.feed_port, c.secret, n.node_index, M.SHUTDOWN_FEED, "input", 0, timeout)
+            except (TFOSError, OSError) as e:
+                with self.registry.cond:  # it may just have finished: its exit report is on the way
+                    self.registry.cond.wait_for(lambda: self.registry.nodes[n.node_index].exited is not None,
+                                                timeout=5)
+                    if self.registry.nodes[n.node_index].exited is None:
+                        logger.error("could not end the feed of node %d: %s", n.node_index, e)
+                        unreached.append((n.node_index, str(e)))
+        return unreached
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)

@@ -1,0 +1,345 @@
+"""Feeding code that runs in Spark tasks (Python workers). Never imports TensorFlow.
+
+Each task converts its partition to Arrow record batches and streams them over authenticated
+TCP channels to the TF processes' feed hubs. In training, the driver assigns each chunk to the
+node that has received the fewest rows so far (balanced shares whatever the partition sizes);
+in inference a partition goes to one node and its results come back in order on the same
+channel.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import socket
+import threading
+
+import pyarrow as pa
+
+from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, RequestRefused, TFOSError
+from tfos.feed import arrow
+from tfos.wire import messages as M
+from tfos.wire.clients import DriverClient, FeedClient
+
+logger = logging.getLogger(__name__)
+
+TARGET_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def _row_bytes(batch: pa.RecordBatch) -> int:
+    return max(1, batch.nbytes // max(1, batch.num_rows))
+
+
+def rows_to_chunks(iterator, partition: int, chunk_rows: int | None):
+    """Group Python rows into record batches of about TARGET_CHUNK_BYTES (or ``chunk_rows``)."""
+    size = chunk_rows or 256
+    index = 0
+    it = iter(iterator)
+    while True:
+        rows = list(itertools.islice(it, size))
+        if not rows:
+            return
+        batch = arrow.rows_to_batch(rows, partition, index)
+        index += len(rows)
+        yield batch
+        if chunk_rows is None:
+            size = max(64, min(65536, TARGET_CHUNK_BYTES // _row_bytes(batch)))
+
+
+def arrow_to_chunks(batches, chunk_rows: int | None):
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        step = chunk_rows or max(64, TARGET_CHUNK_BYTES // _row_bytes(b))
+        for off in range(0, b.num_rows, step):
+            yield b.slice(off, step)
+
+
+def _guard_retry(what: str) -> None:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is not None and tc.attemptNumber() > 0:
+        raise FeedError(f"{what}: an earlier attempt of this task failed after sending part of its rows; "
+                        "not resending them (rows would be fed twice). See the first failure above.")
+
+
+class _SendFailed(FeedError):
+    def __init__(self, node: int, message: str):
+        super().__init__(message)
+        self.node = node
+
+
+class _Sender:
+    """One partition's connections to the nodes it feeds, with per-node row counts."""
+
+    def __init__(self, cfg: M.FeedConfig, partition: int, train: bool):
+        self.cfg = cfg
+        self.partition = partition
+        self.train = train
+        self.clients: dict[int, FeedClient] = {}
+        self.rows: dict[int, int] = {}
+        self.schema: pa.Schema | None = None
+        self.rows_checked = 0
+
+    def client(self, node: int) -> FeedClient:
+        client = self.clients.get(node)
+        if client is None:
+            host, port = self.cfg.address(node)
+            try:
+                client = FeedClient(node, host, port, self.cfg.secret, self.cfg.feed_timeout)
+                client.begin(self.cfg.feed_id, self.cfg.qname, self.partition, self.train)
+            except (OSError, ProtocolError) as e:
+                raise _SendFailed(node, f"cannot feed node {node} at {host}:{port}: {e}") from None
+            self.clients[node] = client
+            self.rows[node] = 0
+        return client
+
+    def drop(self, node: int) -> None:
+        client = self.clients.pop(node, None)
+        if client is not None:
+            client.close()
+
+    def check(self, batch: pa.RecordBatch) -> None:
+        """FeedError naming the partition, row and column when this partition's rows change shape."""
+        if self.schema is None:
+            self.schema = batch.schema
+            return
+        drift = arrow.schema_drift(self.schema, batch.schema)
+        if drift:
+            raise FeedError(f"partition {self.partition}, row {self.rows_checked}: {drift}")
+
+    def send(self, node: int, batch: pa.RecordBatch) -> None:
+        self.check(batch)
+        client = self.client(node)
+        try:
+            client.send_batch(arrow.to_ipc(batch))
+        except socket.timeout:
+            raise FeedTimeoutError(
+                f"node {node} accepted no data for {self.cfg.feed_timeout:.0f}s while feeding partition "
+                f"{self.partition} (raise feed_timeout, or check that main_fun keeps reading its feed)") from None
+        except (OSError, ChannelClosed) as e:
+            refused = client.refusal()
+            if refused:  # the hub said why it closed the feed (e.g. this partition's columns drift)
+                raise FeedError(refused) from None
+            raise _SendFailed(node, f"feeding partition {self.partition} to node {node} failed: {e} (the node's "
+                                    "TF process may have died; the driver reports its log)") from None
+        self.rows[node] += batch.num_rows
+        self.rows_checked += batch.num_rows
+
+    def finish(self, finished_reading=lambda node: False) -> None:
+        for node, client in self.clients.items():
+            try:
+                client.end_partition(self.rows[node])
+                ack = client.next_reply()
+            except socket.timeout:
+                raise FeedTimeoutError(f"node {node} did not confirm partition {self.partition} within "
+                                       f"{self.cfg.feed_timeout:.0f}s (raise feed_timeout)") from None
+            except RequestRefused as e:
+                raise FeedError(str(e)) from None
+            except (OSError, ProtocolError) as e:
+                if finished_reading(node):
+                    continue
+                raise FeedError(f"node {node} dropped the feed of partition {self.partition}: {e}") from None
+            if isinstance(ack, M.FeedAck) and ack.terminated:
+                continue
+            if not isinstance(ack, M.FeedAck) or ack.rows != self.rows[node]:
+                raise FeedError(f"node {node} acknowledged {getattr(ack, 'rows', ack)} of {self.rows[node]} rows "
+                                f"of partition {self.partition}")
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    return TaskContext.get().partitionId()
+
+
+def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
+    """mapPartitionsWithIndex function (RDD rows) or mapInArrow function (DataFrames)."""
+
+    def feed(partition: int, iterator) -> int:
+        _guard_retry(f"feeding partition {partition}")
+        chunks = arrow_to_chunks(iterator, cfg.chunk_rows) if arrow_input else \
+            rows_to_chunks(iterator, partition, cfg.chunk_rows)
+        sender = _Sender(cfg, partition, train=True)
+        driver = DriverClient.for_feed(cfg)
+
+        def finished_reading(node):
+            try:
+                driver.assign_chunk(cfg.feed_id, 0, node)
+                return True
+            except TFOSError:  # refused, or the driver connection is gone
+                return False
+
+        total = 0
+        try:
+            with driver.session(timeout=60.0):
+                for batch in chunks:
+                    if sender.schema is None:  # first chunk: the driver checks it against other partitions
+                        try:
+                            node = driver.assign_chunk(cfg.feed_id, batch.num_rows, partition=partition,
+                                                       columns=arrow.columns(batch.schema))
+                        except RequestRefused as e:
+                            raise FeedError(str(e)) from None
+                    else:
+                        node = driver.assign_chunk(cfg.feed_id, batch.num_rows)
+                    while node >= 0:
+                        try:
+                            sender.send(node, batch)
+                            break
+                        except _SendFailed as e:  # fine if that node ended its feed; else the driver says why
+                            sender.drop(e.node)
+                            try:
+                                node = driver.assign_chunk(cfg.feed_id, batch.num_rows, e.node)
+                            except TFOSError:  # the driver refused (the node failed) or is gone
+                                raise e from None
+                    if node < 0:
+                        break  # every node terminated its feed: skip the rest of this partition
+                    total += batch.num_rows
+                sender.finish(finished_reading)
+        finally:
+            sender.close()
+        return total
+
+    if arrow_input:
+        def feed_arrow(batches):
+            total = feed(_partition_id(), batches)
+            yield pa.RecordBatch.from_arrays([pa.array([total], pa.int64())], names=["rows"])
+        return feed_arrow
+
+    def feed_rows(partition, iterator):
+        yield feed(partition, iterator)
+    return feed_rows
+
+
+def _node_failure(cfg: M.FeedConfig, node: int) -> str:
+    """The node's own error from the driver (the agent reports it within seconds), for the task's
+    error: a streaming query or an inference action then stops with it."""
+    try:
+        text = DriverClient.for_feed(cfg).node_failure(node, wait=8.0)
+    except (TFOSError, OSError) as e:
+        return f"The driver could not say why ({e})."
+    return ("The node's failure: " + text) if text else "Its TF process may have died; the driver reports its log."
+
+
+def _inference_retry_check(cfg: M.FeedConfig, partition: int, node: int) -> None:
+    """Spark retries a failed inference task: Spark keeps only the output of the attempt that
+    succeeds, so answering the partition again is exact once its node is alive. A failed node
+    cannot answer it: say so with the node's own error, which Spark then reports for the job."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None or tc.attemptNumber() == 0:
+        return
+    try:
+        text = DriverClient.for_feed(cfg).node_failure(node, wait=2.0)
+    except (TFOSError, OSError) as e:
+        raise FeedError(f"inference on partition {partition}: a retry cannot reach the driver ({e})") from None
+    if text:
+        raise FeedError(f"inference on partition {partition}: node {node} failed, so the partition cannot be "
+                        f"answered (run inference again after the cluster restarts). The node's failure: {text}")
+    logger.info("inference on partition %d: retry %d answers the partition again", partition, tc.attemptNumber())
+
+
+def _infer(cfg: M.FeedConfig, partition: int, chunks):
+    """Stream one partition to its node and yield the result batches, in input order."""
+    node = cfg.feed_nodes[partition % len(cfg.feed_nodes)]
+    _inference_retry_check(cfg, partition, node)
+    sender = _Sender(cfg, partition, train=False)
+    try:
+        client = sender.client(node)
+    except _SendFailed as e:
+        raise FeedError(f"{e}. " + _node_failure(cfg, node)) from None
+    errors: list[BaseException] = []
+
+    def send_all():
+        try:
+            for batch in chunks:
+                sender.send(node, batch)
+            client.end_partition(sender.rows[node])
+        except BaseException as e:  # re-raised in the task's main thread below
+            errors.append(e)
+            client.shutdown_io()
+
+    t = threading.Thread(target=send_all, name="tfos-infer-send", daemon=True)
+    t.start()
+    answered = 0
+    try:
+        while True:
+            try:
+                reply = client.next_reply()
+            except RequestRefused as e:  # the hub refused this partition (malformed or drifting rows)
+                raise FeedError(str(e)) from None
+            except socket.timeout:
+                raise FeedTimeoutError(f"node {node} returned no inference results for {cfg.feed_timeout:.0f}s on "
+                                       f"partition {partition} (raise feed_timeout, or check that main_fun calls "
+                                       "batch_results)") from None
+            except (OSError, ProtocolError) as e:
+                t.join(5)
+                if errors and not isinstance(errors[0], (OSError, ProtocolError)):
+                    raise errors[0]
+                raise FeedError(f"node {node} dropped inference of partition {partition}: {e}. "
+                                + _node_failure(cfg, node)) from None
+            if isinstance(reply, M.FeedAck):
+                break
+            if not isinstance(reply, tuple):
+                raise FeedError(f"unexpected {type(reply).__name__} from node {node}")
+            batch = arrow.from_ipc(reply[1])
+            answered += batch.num_rows
+            yield batch
+        t.join(30)
+        if errors:
+            raise errors[0]
+        if answered != sender.rows[node]:
+            raise FeedError(f"partition {partition}: {sender.rows[node]} rows sent, {answered} results returned"
+                            + (" (the node terminated its feed)" if reply.terminated else ""))
+    finally:
+        sender.close()
+
+
+def make_inference_feeder(cfg: M.FeedConfig, arrow_input: bool, result_column: str = "prediction",
+                          result_arrow_type=None):
+    """mapPartitionsWithIndex function yielding one result per row (RDDs), or mapInArrow function
+    yielding the input rows plus ``result_column`` of ``result_arrow_type`` (DataFrames)."""
+
+    if arrow_input:
+        def infer_arrow(batches):
+            """Stream: each results batch is joined with the input rows it answers, so memory holds
+            only the rows in flight, not the whole partition."""
+            inputs: collections.deque = collections.deque()  # sent, not yet answered (sender thread appends)
+            offset = 0
+
+            def tee():
+                for b in arrow_to_chunks(batches, cfg.chunk_rows):
+                    inputs.append(b)
+                    yield b
+
+            def take(k):
+                nonlocal offset
+                parts = []
+                while k > 0:
+                    b = inputs[0]
+                    n = min(k, b.num_rows - offset)
+                    parts.append(b.slice(offset, n))
+                    offset += n
+                    k -= n
+                    if offset == b.num_rows:
+                        inputs.popleft()
+                        offset = 0
+                return pa.Table.from_batches(parts).combine_chunks()
+
+            for res in _infer(cfg, _partition_id(), tee()):
+                src = take(res.num_rows)
+                out = src.append_column(result_column, res.column(0).cast(result_arrow_type))
+                yield from out.to_batches()
+        return infer_arrow
+
+    def infer_rows(partition, iterator):
+        for batch in _infer(cfg, partition, rows_to_chunks(iterator, partition, cfg.chunk_rows)):
+            yield from arrow.batch_to_results(batch)
+    return infer_rows

@@ -1,0 +1,274 @@
+"""``DataFeed``: how main_fun reads the data fed by ``cluster.train``/``inference`` (TF process).
+
+TensorFlowOnSpark-compatible ``next_batch``/``should_stop``/``batch_results``/``terminate``, plus
+fast numpy (``batches``) and tf.data (``dataset``) paths built straight from the Arrow buffers.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from tfos.errors import FeedError, TFOSError
+from tfos.feed.node.hub import CLOSE, DATA, END, PART, FeedHub, Origin
+from tfos.feed import arrow
+
+logger = logging.getLogger(__name__)
+
+
+def _batches_of_block(*block):
+    """A block (k, rows, ...) -> a dataset of its k batches, sliced in TF (no copy per batch)."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(block[0] if len(block) == 1 else block)
+
+
+class DataFeed:
+    """Read fed data in main_fun. Compatible with TensorFlowOnSpark's ``TFNode.DataFeed``.
+
+    ``DataFeed(ctx.mgr, train_mode=True, qname_in='input', qname_out='output', input_mapping=None)``.
+    In train mode a feed ends (``should_stop()``) when ``cluster.train`` has delivered every
+    epoch; in inference mode (``train_mode=False``) a batch stops at the end of a partition (so a
+    partition's last rows are answered without waiting for more data; when several partitions
+    reach this node at once their chunks interleave, and results still go back to the right
+    task), and the feed ends when the cluster shuts down.
+    """
+
+    def __init__(self, mgr, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
+                 input_mapping=None):
+        if mgr is None:
+            raise TFOSError("this node has no data feed: start the cluster with input_mode=InputMode.SPARK")
+        self.hub: FeedHub = mgr
+        self.train_mode = train_mode
+        self.qname_in = qname_in
+        self.qname_out = qname_out
+        if isinstance(input_mapping, (list, tuple)):
+            input_mapping = {c: c for c in input_mapping}
+        self.input_mapping = dict(input_mapping) if input_mapping else None
+        self.queue = self.hub.queue(qname_in)
+        self.done = False
+        self.closed = False  # the feed ended because the cluster is shutting down (no more train() calls)
+        self._batch: pa.RecordBatch | None = None
+        self._origin: Origin | None = None
+        self._offset = 0
+        self._pending: collections.deque = collections.deque()  # [origin, rows awaiting results]
+        # dataset() reads ahead on a tf.data thread while main_fun calls batch_results()
+        self._pending_lock = threading.Lock()
+        self.rows_read = 0
+        self._feed_rows: collections.Counter = collections.Counter()
+        self.wait_secs = 0.0
+
+    # -- core reader
+    def _next_item(self):
+        t0 = time.time()
+        item = self.queue.q.get()
+        t1 = time.time()
+        self.wait_secs += t1 - t0
+        if self.hub.reporter is not None and t1 - t0 > 0.001:
+            self.hub.reporter.event("feed wait", "feed", t0, t1)
+        if self.hub.reporter is not None:
+            self.hub.reporter.report({"rows_read": self.rows_read, "feed_wait_secs": round(self.wait_secs, 3)})
+        return item
+
+    def _take(self, n: int) -> list[pa.RecordBatch]:
+        """Up to ``n`` rows as record-batch slices; fewer at end of feed (or of a partition in
+        inference mode)."""
+        out, got = [], 0
+        while got < n and not self.done:
+            if self._batch is None:
+                item = self._next_item()
+                kind = item[0]
+                if kind == DATA:
+                    self._batch, self._origin, self._offset = item[1], item[2], 0
+                    self._feed_rows[item[3]] += item[1].num_rows
+                elif kind == END:
+                    _, feed_id, rows = item
+                    got_rows = self._feed_rows.pop(feed_id, 0)
+                    if got_rows != rows:
+                        raise FeedError(f"feed {feed_id}: the driver sent {rows} rows to this node but "
+                                        f"{got_rows} arrived")
+                    self.done = True
+                elif kind == CLOSE:
+                    self.done = self.closed = True
+                elif kind == PART and not self.train_mode and got:
+                    break
+                continue
+            take = min(n - got, self._batch.num_rows - self._offset)
+            out.append(self._batch.slice(self._offset, take))
+            if not self._origin.train:
+                with self._pending_lock:
+                    if self._pending and self._pending[-1][0] is self._origin:
+                        self._pending[-1][1] += take
+                    else:
+                        self._pending.append([self._origin, take])
+            self._offset += take
+            got += take
+            if self._offset >= self._batch.num_rows:
+                self._batch = None
+        self.rows_read += got
+        return out
+
+    def next_batch(self, batch_size: int):
+        """Up to ``batch_size`` rows (list of tuples/dicts/values, or {tensor: [values]} with
+        input_mapping). Returns fewer rows at the end of the feed."""
+        slices = self._take(batch_size)
+        if self.input_mapping:
+            result = {t: [] for t in self.input_mapping.values()}
+            for s in slices:
+                for k, v in arrow.batch_to_rows(s, self.input_mapping).items():
+                    result[k].extend(v)
+            return result
+        rows = []
+        for s in slices:
+            rows.extend(arrow.batch_to_rows(s))
+        return rows
+
+    @property
+    def done_feeding(self) -> bool:
+        """TensorFlowOnSpark's name for :meth:`should_stop`."""
+        return self.done
+
+    def should_stop(self) -> bool:
+        """True once the feed has ended (all epochs delivered, terminated, or cluster shutdown)."""
+        return self.done
+
+    def batch_results(self, results) -> None:
+        """Inference: return one result per row read, in order (scalars, vectors or dicts)."""
+        results = list(results) if not isinstance(results, np.ndarray) else results
+        pos = 0
+        total = len(results)
+        while pos < total:
+            with self._pending_lock:
+                if not self._pending:
+                    raise FeedError(f"batch_results got {total - pos} more results than rows read")
+                origin, rows = self._pending[0]
+                k = min(rows, total - pos)
+                if k == rows:
+                    self._pending.popleft()
+                else:
+                    self._pending[0][1] -= k
+            origin.add_results(results[pos:pos + k] if isinstance(results, list) else list(results[pos:pos + k]))
+            pos += k
+
+    def terminate(self) -> None:
+        """Stop reading: Spark skips the rest of the feed (data in flight is discarded), no error."""
+        if not self.queue.terminated.is_set():
+            self.queue.terminated.set()
+            if self.hub.on_terminate is not None:
+                try:
+                    self.hub.on_terminate(self.qname_in)
+                except Exception as e:  # the hub still discards data; Spark just feeds longer
+                    logger.warning("could not tell the driver that the feed was terminated: %s", e)
+        self.done = True
+        try:
+            while True:
+                self.queue.q.get_nowait()
+        except queue.Empty:
+            pass
+
+    # -- fast path
+    def _columns(self, slices):
+        if not slices:
+            return None
+        schema = slices[0].schema
+        cols = []
+        for j in range(schema.__len__()):
+            parts = [arrow.column_to_numpy(s.column(j), schema.field(j)) for s in slices]
+            cols.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        return schema, cols
+
+    def batches(self, batch_size: int):
+        """Yield batches as tuples of numpy arrays (dicts for dict rows or input_mapping) built
+        directly from the Arrow buffers: vector columns become 2-D arrays."""
+        while not self.done:
+            got = self._columns(self._take(batch_size))
+            if got is None:
+                continue
+            yield self._shaped(*got)
+
+    def _shaped(self, schema, cols):
+        """Column arrays in the shape the rows were fed as: tuple, dict, scalar, or input_mapping."""
+        kind = (schema.metadata or {}).get(arrow.ROW_KIND, b"tuple").decode()
+        if self.input_mapping:
+            return {t: cols[schema.names.index(c)] for c, t in self.input_mapping.items()}
+        if kind == "dict":
+            return dict(zip(schema.names, cols))
+        if kind == "scalar":
+            return cols[0]
+        return tuple(cols)
+
+    def _blocks(self, batch_size: int):
+        """Like :meth:`batches`, but each item holds as many whole batches as the Arrow chunk at
+        hand provides, stacked: arrays of shape ``(k, batch_size, ...)``; only the last rows of a
+        feed (or of a partition, in inference mode) come as ``(1, r, ...)`` with r < batch_size.
+        One item per chunk instead of per batch keeps Python out of the per-batch path of
+        :meth:`dataset`. The arrays are views of the Arrow buffers where the rows lie in one chunk."""
+        while not self.done:
+            slices = self._take(batch_size)
+            got = sum(s.num_rows for s in slices)
+            if got == batch_size and self._batch is not None:  # and every whole batch left in this chunk
+                more = (self._batch.num_rows - self._offset) // batch_size * batch_size
+                if more:
+                    slices += self._take(more)
+                    got += more
+            found = self._columns(slices)
+            if found is None:
+                continue
+            schema, cols = found
+            full = got // batch_size * batch_size
+            parts = [(full // batch_size, batch_size, 0, full)] if full else []
+            if got > full:
+                parts.append((1, got - full, full, got))
+            for k, rows, lo, hi in parts:
+                yield schema, [c[lo:hi].reshape((k, rows) + c.shape[1:]) for c in cols]
+
+    def dataset(self, batch_size: int, output_signature=None, dtypes=None):
+        """A ``tf.data.Dataset`` of ready batches from the feed (element spec inferred from the first
+        batch unless ``output_signature`` is given; ``dtypes`` casts columns, e.g. {0: tf.float32}).
+
+        Batches are cut from the Arrow chunks in blocks (one Python call per chunk, not per batch;
+        TF slices each block into its batches without a copy) and prefetched in the background, so
+        reading the feed overlaps the training step.
+
+        Under MultiWorkerMirroredStrategy set ``AutoShardPolicy.OFF`` on this dataset (each node's
+        feed is already its own shard) and iterate it to exhaustion.
+        """
+        import tensorflow as tf
+
+        blocks = self._blocks(batch_size)
+        first = next(blocks, None)
+
+        def spec_of(a):  # a batch's spec, from a block (k, rows, ...)
+            return tf.TensorSpec((None,) + a.shape[2:], tf.as_dtype(a.dtype) if a.dtype != object else tf.string)
+
+        if output_signature is None:
+            if first is None:
+                raise FeedError("the feed ended before any data arrived; give output_signature explicitly")
+            output_signature = tf.nest.map_structure(spec_of, self._shaped(*first))
+
+        def generate():
+            if first is not None:
+                yield self._shaped(*first)
+            for block in blocks:
+                yield self._shaped(*block)
+
+        block_signature = tf.nest.map_structure(lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype),
+                                                output_signature)
+        ds = tf.data.Dataset.from_generator(generate, output_signature=block_signature)
+        if dtypes:
+            def cast(*xs):
+                xs = list(xs)
+                for j, dt in dtypes.items():
+                    xs[j] = tf.cast(xs[j], dt)
+                return tuple(xs)
+            ds = ds.map(cast)
+        ds = ds.flat_map(_batches_of_block).prefetch(tf.data.AUTOTUNE)
+        from tfos.data.datasets import no_autoshard
+
+        return no_autoshard(ds)

@@ -1,0 +1,152 @@
+"""The feed hub of the TF process (InputMode.SPARK): receives Arrow batches from the feeding
+Spark tasks and end-of-feed markers from the driver, into bounded per-name queues that
+:class:`tfos.feed.node.datafeed.DataFeed` reads.
+
+Memory is bounded: each queue holds at most ``queue_chunks`` batches; a full queue blocks the
+receiving thread, which stops reading its socket, which blocks the Spark task sending (TCP
+backpressure). Inference results go back on the connection their rows came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from tfos.errors import FeedError, ProtocolError, TFOSError
+from tfos.feed import arrow
+from tfos.wire import messages as M
+from tfos.wire.channel import KIND_ARROW, Channel
+from tfos.wire.listener import Listener
+
+logger = logging.getLogger(__name__)
+
+# Queue items: (DATA, batch, origin, feed_id) | (END, feed_id, rows) | (PART, origin) | (CLOSE,)
+DATA, END, PART, CLOSE = "data", "end", "part", "close"
+
+
+class Origin:
+    """The Spark task connection a batch came from; inference results go back on it."""
+
+    def __init__(self, ch: Channel, train: bool):
+        self.ch = ch
+        self.train = train
+        self.cond = threading.Condition()
+        self.rows_answered = 0
+
+    def add_results(self, results: list) -> None:
+        with self.cond:
+            if results:
+                batch = arrow.results_to_batch(results)
+                self.ch.send(M.FeedResults(batch.num_rows))
+                self.ch.send_data(arrow.to_ipc(batch))
+            self.rows_answered += len(results)
+            self.cond.notify_all()
+
+
+class FeedQueue:
+    """Bounded queue of one named feed, with end-of-feed accounting and the schema each feed began
+    with (every partition of a feed must send the same columns)."""
+
+    def __init__(self, name: str, maxsize: int):
+        self.name = name
+        self.q: queue.Queue = queue.Queue(maxsize)
+        self.terminated = threading.Event()
+        self._schemas: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def check_schema(self, feed_id: str, schema, where: str) -> None:
+        """FeedError naming ``where`` (partition and row) if ``schema`` drifts from the feed's first."""
+        with self._lock:
+            first = self._schemas.setdefault(feed_id, schema)
+        drift = arrow.schema_drift(first, schema)
+        if drift:
+            raise FeedError(f"{where}: {drift}")
+
+    def put(self, item, stop: threading.Event) -> None:
+        while True:
+            if self.terminated.is_set() and item[0] == DATA:
+                return  # terminate(): drop data so senders finish quickly
+            try:
+                self.q.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                if stop.is_set():
+                    raise TFOSError("feed hub closed")
+
+
+class FeedHub:
+    """TCP server in the TF process. Spark tasks connect with the cluster secret and stream
+    ``FeedBegin``, Arrow data frames and ``FeedPartitionEnd``; the driver sends ``FeedEnd``."""
+
+    def __init__(self, secret: str, queue_chunks: int = 4, on_terminate=None):
+        self.on_terminate = on_terminate  # called with the queue name when main_fun terminates a feed
+        self.queue_chunks = max(1, int(queue_chunks))
+        self.queues: dict[str, FeedQueue] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.rows_received = 0
+        self.bytes_received = 0
+        self.reporter = None  # set by the TF process: feed waits go on the cluster timeline
+        self._listener = Listener(secret, self._serve, "feed-hub")
+        self.port = self._listener.port
+
+    def queue(self, name: str) -> FeedQueue:
+        with self._lock:
+            if name not in self.queues:
+                self.queues[name] = FeedQueue(name, self.queue_chunks)
+            return self.queues[name]
+
+    def start(self) -> "FeedHub":
+        self._listener.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+    def _serve(self, ch: Channel) -> None:
+        first = ch.recv()
+        if isinstance(first, M.FeedEnd):
+            self._on_feed_end(ch, first)
+        elif isinstance(first, M.FeedBegin):
+            self._on_feed(ch, first)
+        else:
+            ch.send(M.ErrorReply(f"unexpected {type(first).__name__}"))
+
+    def _on_feed_end(self, ch: Channel, msg: M.FeedEnd) -> None:
+        if msg.feed_id == M.SHUTDOWN_FEED:
+            for q in list(self.queues.values()) or [self.queue(msg.qname)]:
+                q.put((CLOSE,), self._stop)
+        else:
+            self.queue(msg.qname).put((END, msg.feed_id, msg.rows), self._stop)
+        ch.send(M.FeedAck(msg.rows))
+
+    def _on_feed(self, ch: Channel, begin: M.FeedBegin) -> None:
+        q = self.queue(begin.qname)
+        origin = Origin(ch, begin.train)
+        rows = 0
+        while True:
+            kind, value = ch.recv_frame()
+            if kind == KIND_ARROW:
+                batch = arrow.from_ipc(value)
+                q.check_schema(begin.feed_id, batch.schema, f"partition {begin.partition}, row {rows}")
+                rows += batch.num_rows
+                self.bytes_received += len(value)
+                if batch.num_rows:
+                    q.put((DATA, batch, origin, begin.feed_id), self._stop)
+                continue
+            if not isinstance(value, M.FeedPartitionEnd):
+                raise ProtocolError(f"unexpected {type(value).__name__} in a feed")
+            if value.rows != rows:
+                raise FeedError(f"partition {begin.partition}: sender says {value.rows} rows, received {rows}")
+            self.rows_received += rows
+            if begin.train:
+                ch.send(M.FeedAck(rows, q.terminated.is_set()))
+                return
+            q.put((PART, origin), self._stop)
+            with origin.cond:  # wait until main_fun answered every row of this partition
+                while origin.rows_answered < rows and not q.terminated.is_set() and not self._stop.is_set():
+                    origin.cond.wait(0.5)
+                ch.send(M.FeedAck(rows, q.terminated.is_set()))
+            return

@@ -43,20 +43,20 @@ def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | N
     global _gloo
     import tensorflow as tf
 
-    from tfos.tf import gloo, keras_dist
+    from tfos.tf import gloo, workers
 
     resolver = strategy.cluster_resolver
     cluster = resolver.cluster_spec().as_dict()
-    task = keras_dist._task({"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}})
-    if task.size < 2 or keras_dist._choose_implementation(implementation, communication) != "gloo":
+    task = workers._task({"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}})
+    if task.size < 2 or workers._choose_implementation(implementation, communication) != "gloo":
         return False
-    timeout = timeout_seconds or keras_dist.GLOO_TIMEOUT_SECONDS
+    timeout = timeout_seconds or workers.GLOO_TIMEOUT_SECONDS
     store = gloo.store_on_free_port(task.size, timeout) if task.rank == 0 else None
     mine = tf.constant(store.port if store is not None else 0, tf.int64)
     port = int(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)), axis=None))
-    leader_job = keras_dist._coordinated_jobs(cluster)[0][0]
-    leader_host, _ = keras_dist._split_address(cluster[leader_job][0])
-    host, _ = keras_dist._split_address(cluster[task.type][task.index])
+    leader_job = workers._coordinated_jobs(cluster)[0][0]
+    leader_host, _ = workers._split_address(cluster[leader_job][0])
+    host, _ = workers._split_address(cluster[task.type][task.index])
     _gloo = gloo.Group(task.rank, task.size, (leader_host, port), host, timeout, store=store,
                        timeout_setting="backend_options={'timeout_seconds': ...}")
     logger.info("allreduce_gradients: Gloo, rank %d of %d", task.rank, task.size)

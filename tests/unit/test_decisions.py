@@ -381,37 +381,41 @@ def test_check_advertised_refuses_loopback_for_remote_executors(advertise, maste
         check_advertised(address, master, resolve)
 
 
-@pytest.mark.parametrize("retryable,done,max_restarts,refused", [
-    ((True,), 0, 0, "max_restarts=0"),
-    ((True,), 0, 1, None),
-    ((True, True), 1, 2, None),
-    ((True,), 2, 2, "all 2 restart(s)"),
-    ((False,), 0, 3, "NonRetryable"),
-    ((True, False), 0, 3, "NonRetryable"),
+@pytest.mark.parametrize("retryable,done,max_restarts,running,action,reason", [
+    ((True,), 0, 0, True, "FAIL", "max_restarts=0"),
+    ((True,), 0, 1, True, "RESTART", "restart 1 of 1"),
+    ((True, True), 1, 2, True, "RESTART", "restart 2 of 2"),
+    ((True,), 2, 2, True, "FAIL", "all 2 restart(s)"),
+    ((False,), 0, 3, True, "FAIL", "NonRetryable"),
+    ((True, False), 0, 3, True, "FAIL", "NonRetryable"),
+    ((True,), 0, 3, False, "FAIL", "not running"),  # still starting, or already ended
 ])
-def test_restart_refusal(retryable, done, max_restarts, refused):
-    from tfos.cluster.driver.lifecycle import restart_refusal
+def test_failure_policy_restart_or_fail(retryable, done, max_restarts, running, action, reason):
+    from tfos.cluster.driver.lifecycle import Action, failure_policy
     from tfos.errors import NodeFailure
 
     failures = [NodeFailure(i, "worker", i, "h", "boom", retryable=r) for i, r in enumerate(retryable)]
-    why = restart_refusal(failures, done, max_restarts)
-    assert (why is None) if refused is None else (refused in why)
+    d = failure_policy(failures, max_restarts=max_restarts, restarts_done=done, running=running)
+    assert d.action is Action[action] and reason in d.reason
 
 
-@pytest.mark.parametrize("job,survivable,peers,started,max_restarts,tolerated", [
-    ("worker", ("worker",), 1, True, 1, True),      # ps backend: the coordinator goes on with the other worker
-    ("worker", ("worker",), 3, True, 2, True),
-    ("worker", ("worker",), 0, True, 1, False),     # the last worker: nothing left to run the functions
-    ("worker", ("worker",), 1, True, 0, False),     # max_restarts=0 keeps failing fast
-    ("worker", ("worker",), 1, False, 1, False),    # still starting: the rendezvous needs every node
-    ("ps", ("worker",), 1, True, 1, False),         # a ps holds variables: restart every node
-    ("chief", ("worker",), 1, True, 1, False),
-    ("worker", (), 1, True, 1, False),              # MWMS/Horovod: a collective needs every rank
+@pytest.mark.parametrize("job,survivable,peers,started,max_restarts,action", [
+    ("worker", ("worker",), 1, True, 1, "LOSE_NODE"),  # ps backend: the coordinator goes on with the other worker
+    ("worker", ("worker",), 3, True, 2, "LOSE_NODE"),
+    ("worker", ("worker",), 3, True, 0, "FAIL"),       # max_restarts=0 keeps failing fast
+    ("worker", ("worker",), 0, True, 1, "RESTART"),    # the last worker: nothing left to run the functions
+    ("worker", ("worker",), 1, False, 1, "RESTART"),   # still starting: the rendezvous needs every node
+    ("ps", ("worker",), 1, True, 1, "RESTART"),        # a ps holds variables: restart every node
+    ("chief", ("worker",), 1, True, 1, "RESTART"),
+    ("worker", (), 1, True, 1, "RESTART"),             # MWMS/Horovod: a collective needs every rank
 ])
-def test_loss_tolerated(job, survivable, peers, started, max_restarts, tolerated):
-    from tfos.cluster.driver.lifecycle import loss_tolerated
+def test_failure_policy_losing_a_node(job, survivable, peers, started, max_restarts, action):
+    from tfos.cluster.driver.lifecycle import Action, failure_policy
+    from tfos.errors import NodeFailure
 
-    assert loss_tolerated(job, survivable, peers, started, max_restarts) is tolerated
+    d = failure_policy([NodeFailure(1, job, 1, "h", "killed")], max_restarts=max_restarts, restarts_done=0,
+                       running=True, survivable_jobs=survivable, peers_running=peers, all_started=started)
+    assert d.action is Action[action]
 
 
 @pytest.mark.parametrize("env,added", [

@@ -212,9 +212,7 @@ def test_get_node_failure_answers_with_the_nodes_error_or_nothing():
 
     def later():
         time.sleep(0.3)
-        with reg.cond:
-            reg.fail(NodeFailure(1, "worker", 1, "h", "TF process exited with code -9 (killed by signal 9)"))
-            reg.cond.notify_all()
+        reg.fail(NodeFailure(1, "worker", 1, "h", "TF process exited with code -9 (killed by signal 9)"))
 
     threading.Thread(target=later).start()
     text = reg.on_get_node_failure(M.GetNodeFailure("c", 1, 5)).text

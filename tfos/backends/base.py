@@ -79,7 +79,7 @@ class Backend:
     node_class: type = NodeHooks
     finishing_jobs: tuple[str, ...] = TRAINING_JOBS
     feed_jobs: tuple[str, ...] = TRAINING_JOBS  # roles that receive data in InputMode.SPARK
-    survivable_jobs: tuple[str, ...] = ()  # roles whose loss the others survive (lifecycle.loss_tolerated)
+    survivable_jobs: tuple[str, ...] = ()  # roles whose loss the others survive (lifecycle.failure_policy)
 
     def __init__(self, transport: str = "grpc", socket_ifname: str | None = None):
         if transport not in ("grpc", "rdma"):

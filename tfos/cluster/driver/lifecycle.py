@@ -9,7 +9,9 @@
 
 The first error that fails the cluster is recorded once; every later call re-raises it.
 A restart (``max_restarts``) keeps the phase: the cluster stays RUNNING (or SHUTTING_DOWN) while
-it stops the failed attempt's nodes and starts the next attempt (``restart_refusal`` decides).
+the supervisor stops the failed attempt's nodes and starts the next attempt. What a node failure
+means (restart, go on without the node, fail) is decided by one pure function,
+:func:`failure_policy`.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class Lifecycle:
 
 @dataclasses.dataclass(frozen=True)
 class NodeLoss:
-    """A node lost while the others went on (``cluster.lost_nodes``; see :func:`loss_tolerated`)."""
+    """A node lost while the others went on (``cluster.lost_nodes``; see :func:`failure_policy`)."""
 
     time: float  # wall-clock seconds (time.time()) when the driver acted on it
     attempt: int  # the attempt that failed (0: the first start)
@@ -100,23 +102,41 @@ class Restart(NodeLoss):
     """One node failure that made tfos restart the cluster (``cluster.restarts``)."""
 
 
-def loss_tolerated(job_name: str, survivable_jobs, peers_running: int, started: bool, max_restarts: int) -> bool:
-    """Pure: whether the run goes on without a failed node instead of restarting or failing.
+class Action(enum.Enum):
+    RESTART = "restart every node"
+    LOSE_NODE = "go on without the node"
+    FAIL = "fail the cluster"
 
-    Only with restarts on (``max_restarts=0`` keeps failing fast), for a role the backend can lose
-    (``backend='ps'``: workers, whose scheduled functions TF's ClusterCoordinator moves to the
-    other workers), once every node has started, and while another node of that role runs.
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def failure_policy(failures, *, max_restarts: int, restarts_done: int, running: bool, survivable_jobs=(),
+                   peers_running: int = 0, all_started: bool = False) -> Decision:
+    """Pure: what the node ``failures`` mean for the cluster.
+
+    * LOSE_NODE: the run goes on without one failed node. Only with restarts on (``max_restarts=0``
+      keeps failing fast), for a role the backend can lose (``survivable_jobs``; ``backend='ps'``:
+      workers, whose scheduled functions TF's ClusterCoordinator moves to the other workers), once
+      every node has started, and while another node of that role runs (``peers_running``).
+    * FAIL: the cluster is not running (starting, or already ended), restarts are off, a node
+      raised NonRetryable/ConfigError, or every restart allowed was used; ``reason`` says which.
+    * RESTART: otherwise: stop every node and start them all again.
     """
-    return max_restarts > 0 and job_name in survivable_jobs and started and peers_running > 0
-
-
-def restart_refusal(failures, restarts_done: int, max_restarts: int) -> str | None:
-    """Pure: why these node failures must end the run instead of restarting it; None to restart."""
+    if (len(failures) == 1 and max_restarts > 0 and failures[0].job_name in survivable_jobs and all_started
+            and peers_running > 0):
+        return Decision(Action.LOSE_NODE, f"{peers_running} other {failures[0].job_name} node(s) go on")
+    if not running:
+        return Decision(Action.FAIL, "the cluster is not running")
     if max_restarts <= 0:
-        return "restarts are off (max_restarts=0)"
+        return Decision(Action.FAIL, "restarts are off (max_restarts=0)")
     fatal = [f for f in failures if not f.retryable]
     if fatal:
-        return (f"node {fatal[0].node_index} raised NonRetryable or ConfigError, which a restart cannot fix")
+        return Decision(Action.FAIL, f"node {fatal[0].node_index} raised NonRetryable or ConfigError, which a "
+                                     "restart cannot fix")
     if restarts_done >= max_restarts:
-        return f"all {max_restarts} restart(s) allowed by max_restarts were used"
-    return None
+        return Decision(Action.FAIL, f"all {max_restarts} restart(s) allowed by max_restarts were used")
+    return Decision(Action.RESTART, f"restart {restarts_done + 1} of {max_restarts}")

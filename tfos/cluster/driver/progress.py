@@ -149,3 +149,17 @@ def write_timeline(path: str, trace: dict) -> str:
         json.dump(trace, f)
     os.replace(tmp, path)
     return path
+
+
+def finish_reporting(cluster) -> None:
+    """At the end of a cluster: close its progress bar, log the per-rank table, write the merged
+    timeline (``cluster.timeline_path``), close its MLflow run."""
+    if cluster._progress is not None:
+        cluster._progress.close()
+        cluster._progress = None
+    summary = cluster.registry.summary()
+    table, cluster.timeline_path = end_of_run(cluster.config.cluster_id, cluster.roles, summary,
+                                              cluster.feeds.rows_total, cluster.feeds.events, cluster._timeline_request)
+    tracker, cluster._tracker = cluster._tracker, None
+    if tracker is not None:
+        tracker.close_run(cluster, summary, table)

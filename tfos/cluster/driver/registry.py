@@ -1,8 +1,9 @@
 """The driver's registry of nodes: registration, the cluster spec rendezvous, agent liveness,
 exits and failures, reported metrics (runs on the driver).
 
-Thread-safe; every wait uses the one condition ``cond`` (the control service's threads, the
-monitor thread and the public API share it).
+Thread-safe. Its lock is its own: other modules wait with :meth:`NodeRegistry.wait_until` (one
+deadline, a timeout that names the setting) and read with :meth:`NodeRegistry.snapshot` (a
+consistent, immutable copy), and change state only through its methods.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tfos.errors import NodeFailure, ProtocolError, format_failures
+from tfos.errors import NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
 from tfos.wire import messages as M
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,32 @@ class NodeState:
     events: list = field(default_factory=list)  # timeline events reported by the node
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The registry at one instant (:meth:`NodeRegistry.snapshot`)."""
+
+    failures: tuple[NodeFailure, ...]
+    lost: tuple[int, ...]
+    abort_reason: str | None
+    exited: dict  # node index -> its M.NodeExited, or None while it runs
+    registered: frozenset  # nodes whose TF process registered
+    started: frozenset  # nodes whose agent or TF process was heard from
+    stopping: frozenset  # nodes asked to stop
+
+    def unfinished(self, which) -> list[int]:
+        return [i for i in which if self.exited[i] is None]
+
+    def all_registered(self) -> bool:
+        return len(self.registered) == len(self.exited)
+
+    def missing(self) -> list[int]:
+        return [i for i in sorted(self.exited) if i not in self.registered]
+
+    def ended_ok(self, i: int) -> bool:
+        """Node ``i`` exited with code 0."""
+        return self.exited[i] is not None and self.exited[i].exit_code == 0
+
+
 class NodeRegistry:
     def __init__(self, cluster_id: str, roles: list[tuple[str, int]], on_complete=None, max_wait: float = 600.0):
         self.cluster_id = cluster_id
@@ -52,6 +79,49 @@ class NodeRegistry:
         self.backend_config: dict | None = None
         self.on_history = None  # (node_index, [ctx.report entries]) -> None: the MLflow run's metrics
         self.model_paths: dict[int, str] = {}  # ctx.log_model(path), by node
+
+    # -- waiting and reading, for every other module
+    def wait_until(self, predicate, timeout: float | None, what: str = "", setting: str | None = None,
+                   poll: float | None = None) -> bool:
+        """Block until ``predicate(snapshot)`` holds; True then. It is checked after every change of
+        the registry, and every ``poll`` seconds too when it also watches something outside (a
+        Spark job's end; :meth:`notify` wakes it sooner). ``timeout`` None: no deadline of its
+        own (only for a predicate that watches something with one). After ``timeout`` seconds it
+        raises TFOSTimeoutError saying ``what`` did not happen and naming ``setting``, the setting
+        that raises the limit; without ``setting`` it returns False."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        with self.cond:
+            while not predicate(self.snapshot()):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    if setting is None:
+                        return False
+                    text = what(self.snapshot()) if callable(what) else what
+                    raise TFOSTimeoutError(f"{text} after {timeout:.0f}s; raise {setting}")
+                waits = [w for w in (remaining, poll) if w is not None]
+                self.cond.wait(min(waits) if waits else 1.0)
+        return True
+
+    def notify(self) -> None:
+        """Wake every :meth:`wait_until` to check its predicate again."""
+        with self.cond:
+            self.cond.notify_all()
+
+    def snapshot(self) -> Snapshot:
+        with self.cond:
+            nodes = self.nodes
+            return Snapshot(tuple(self.failures), tuple(self.lost), self.abort_reason,
+                            {i: n.exited for i, n in nodes.items()},
+                            frozenset(i for i, n in nodes.items() if n.info is not None),
+                            frozenset(i for i, n in nodes.items() if n.info is not None or n.agent is not None),
+                            frozenset(i for i, n in nodes.items() if n.stop))
+
+    def peers_running(self, node_index: int) -> int:
+        """Other nodes of ``node_index``'s role still running and not asked to stop."""
+        with self.cond:
+            job = self.nodes[node_index].job_name
+            return sum(1 for i, n in self.nodes.items()
+                       if n.job_name == job and i != node_index and n.exited is None and not n.stop)
 
     # -- queries (callers hold ``cond`` where consistency matters)
     def node(self, i) -> NodeState:
@@ -72,31 +142,34 @@ class NodeRegistry:
         return [i for i, n in self.nodes.items() if n.info is None]
 
     def unfinished(self, which) -> list[int]:
-        return [i for i in which if self.nodes[i].exited is None]
+        with self.cond:
+            return [i for i in which if self.nodes[i].exited is None]
 
     def registered(self) -> list[M.NodeInfo]:
         with self.cond:
             return [n.info for _, n in sorted(self.nodes.items()) if n.info]
 
     def started(self, which) -> list[int]:
-        return [i for i in which if self.nodes[i].agent or self.nodes[i].info]
+        with self.cond:
+            return [i for i in which if self.nodes[i].agent or self.nodes[i].info]
 
     # -- state changes
     def fail(self, failure: NodeFailure) -> None:
         """Record a failure and ask every node to stop, unless the loss policy (``tolerate``) lets
-        the others go on without this node. Caller holds the condition."""
-        if any(f.node_index == failure.node_index for f in self.failures) or failure.node_index in self.lost:
-            return
-        if self.tolerate is not None and self.tolerate(failure):
-            self.lost.append(failure.node_index)
+        the others go on without this node."""
+        with self.cond:
+            if any(f.node_index == failure.node_index for f in self.failures) or failure.node_index in self.lost:
+                return
+            if self.tolerate is not None and self.tolerate(failure):
+                self.lost.append(failure.node_index)
+                self.cond.notify_all()
+                return
+            logger.error("tfos node %d (%s:%d on %s) failed: %s", failure.node_index, failure.job_name,
+                         failure.task_index, failure.host, failure.reason)
+            self.failures.append(failure)
+            for n in self.nodes.values():
+                n.stop = True
             self.cond.notify_all()
-            return
-        logger.error("tfos node %d (%s:%d on %s) failed: %s", failure.node_index, failure.job_name,
-                     failure.task_index, failure.host, failure.reason)
-        self.failures.append(failure)
-        for n in self.nodes.values():
-            n.stop = True
-        self.cond.notify_all()
 
     def abort(self, reason: str) -> None:
         with self.cond:
@@ -116,17 +189,20 @@ class NodeRegistry:
 
     def ended_on_their_own(self) -> list[NodeFailure]:
         """Nodes that failed by themselves after the first failure made the driver stop them all
-        (a peer killed mid-collective: the survivor's exception can arrive first). Caller holds
-        the condition."""
-        known = {f.node_index for f in self.failures} | set(self.lost)
-        return [self.exit_failure(i) for i, n in sorted(self.nodes.items())
-                if i not in known and n.exited is not None and n.agent is not None
-                and not n.exited.stopped_by_driver and (n.exited.exit_code != 0 or n.exited.reason)]
-
-    def new_attempt(self, cluster_id: str) -> None:
-        """Forget the nodes of the previous attempt (a restart): fresh node states under a new
-        cluster id, so the control service refuses whatever the old attempt's processes still send."""
+        (a peer killed mid-collective: the survivor's exception can arrive first)."""
         with self.cond:
+            known = {f.node_index for f in self.failures} | set(self.lost)
+            return [self.exit_failure(i) for i, n in sorted(self.nodes.items())
+                    if i not in known and n.exited is not None and n.agent is not None
+                    and not n.exited.stopped_by_driver and (n.exited.exit_code != 0 or n.exited.reason)]
+
+    def new_attempt(self, cluster_id: str, unless=None) -> bool:
+        """Forget the nodes of the previous attempt (a restart): fresh node states under a new
+        cluster id, so the control service refuses whatever the old attempt's processes still send.
+        Does nothing and returns False when ``unless()``, checked under the lock, is true."""
+        with self.cond:
+            if unless is not None and unless():
+                return False
             self.cluster_id = cluster_id
             self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(self.roles)}
             self.failures = []
@@ -134,6 +210,7 @@ class NodeRegistry:
             self.abort_reason = None
             self.backend_config = None
             self.cond.notify_all()
+        return True
 
     def request_stop(self, which) -> None:
         with self.cond:

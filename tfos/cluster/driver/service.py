@@ -4,11 +4,12 @@ and the feed scheduler; one reply each. No Arrow frames are accepted on this cha
 
 from __future__ import annotations
 
+import errno
 import logging
 
 from tfos.feed.driver.scheduler import FeedScheduler
 from tfos.cluster.driver.registry import NodeRegistry
-from tfos.errors import ChannelClosed, ProtocolError
+from tfos.errors import ChannelClosed, ConfigError, ProtocolError
 from tfos.wire import messages as M
 from tfos.wire.channel import Channel
 from tfos.wire.listener import Listener
@@ -67,3 +68,21 @@ class ControlService:
             except ProtocolError as e:  # answered (by the listener), then closed: framing may be lost
                 raise ProtocolError(f"bad request: {e}") from None
             ch.send(self.handle(msg))
+
+
+def listen(registry: NodeRegistry, scheduler: FeedScheduler, secret: str, address) -> "ControlService":
+    """The started control service, on the first free port of ``address.ports``."""
+    ports = address.ports or (address.port,)
+    error: OSError | None = None
+    for port in ports:
+        try:
+            return ControlService(registry, scheduler, secret, address.bind, port).start()
+        except OSError as e:
+            error = e
+            if e.errno not in (errno.EADDRINUSE, errno.EACCES):  # the address itself is wrong: stop here
+                break
+    where = f"{address.bind}:{'-'.join(map(str, sorted({ports[0], ports[-1]})))}"
+    fix = f"set {address.bind_setting} to an address of this machine"
+    if ports != (0,):
+        fix += " and TFOS_SERVER_PORT to a free port or range"
+    raise ConfigError(f"the driver's control service cannot listen on {where}: {error}; {fix}") from None

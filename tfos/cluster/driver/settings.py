@@ -6,9 +6,13 @@ change.
 
 from __future__ import annotations
 
+import uuid
+
 from tfos import topology
 from tfos.errors import ConfigError
 from tfos.topology import InputMode
+from tfos.wire import messages as M
+from tfos.wire.channel import new_secret
 
 
 def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout, input_mode,
@@ -42,3 +46,23 @@ def seconds(name: str, value, allow_zero: bool = False) -> float:
         raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number of seconds, "
                           f"got {value!r}")
     return float(value)
+
+
+def cluster_config(address, roles, reservation_timeout, log_dir, default_fs, num_gpus, env, release_port,
+                   preimport_tensorflow, heartbeat_interval, heartbeat_timeout, stop_grace_secs, timeline,
+                   report_interval, metric_history, checkpoint_dir) -> M.ClusterConfig:
+    """The new cluster's configuration from reserve()'s arguments: a fresh id and secret, durations
+    checked (:func:`seconds`), ``checkpoint_dir`` defaulting to ``<log_dir>/checkpoint``."""
+    return M.ClusterConfig(
+        cluster_id=uuid.uuid4().hex[:12], secret=new_secret(),
+        driver_host=address.advertise, driver_port=address.port,
+        roles=tuple(roles), input_mode=int(InputMode.TENSORFLOW), reservation_timeout=float(reservation_timeout),
+        log_dir=log_dir, default_fs=default_fs, num_gpus=num_gpus,
+        env={k: str(v) for k, v in (env or {}).items()}, release_port=bool(release_port),
+        preimport_tensorflow=bool(preimport_tensorflow),
+        heartbeat_interval=seconds("heartbeat_interval", heartbeat_interval),
+        heartbeat_timeout=seconds("heartbeat_timeout", heartbeat_timeout),
+        stop_grace_secs=seconds("stop_grace_secs", stop_grace_secs, allow_zero=True),
+        timeline=bool(timeline), report_interval=seconds("report_interval", report_interval),
+        metric_history=bool(metric_history),
+        checkpoint_dir=checkpoint_dir or log_dir.rstrip("/") + "/checkpoint")

@@ -50,15 +50,10 @@ class FeedJobs:
     def run(self, description: str, action):
         """Run ``action()`` (a Spark action) in its own job group; fail fast if a node fails meanwhile."""
         reg = self.registry
-
-        def wake(_job):
-            with reg.cond:
-                reg.cond.notify_all()
-
-        job = SparkJob(self.spark, f"tfos-feed-{uuid.uuid4().hex[:8]}", description, action, on_done=wake)
-        with reg.cond:
-            while not job.done.is_set() and not reg.failures:
-                reg.cond.wait(0.5)
+        job = SparkJob(self.spark, f"tfos-feed-{uuid.uuid4().hex[:8]}", description, action,
+                       on_done=lambda _job: reg.notify())
+        # no deadline of its own: every chunk the job sends is bounded by feed_timeout on the executor
+        reg.wait_until(lambda snap: job.done.is_set() or bool(snap.failures), None, poll=0.5)
         if not job.done.is_set():
             job.cancel()
             self.check_failed()
@@ -77,13 +72,11 @@ class FeedJobs:
         moment; while some node is silent (a cut network, a lost host) wait for the heartbeat
         monitor's verdict on it, up to heartbeat_timeout."""
         reg, c = self.registry, self.cluster
-        with reg.cond:
-            reg.cond.wait_for(lambda: bool(reg.failures), timeout=3.0)
-        deadline = time.monotonic() + c.heartbeat_timeout + 2 * c.heartbeat_interval
+        if reg.wait_until(lambda snap: bool(snap.failures), 3.0):
+            return
         quiet = 3 * c.heartbeat_interval
-        while not reg.failures and reg.silent(quiet) and time.monotonic() < deadline:
-            with reg.cond:
-                reg.cond.wait(0.2)
+        reg.wait_until(lambda snap: bool(snap.failures) or not reg.silent(quiet),
+                       c.heartbeat_timeout + 2 * c.heartbeat_interval, poll=0.2)
 
     def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None,
               epochs_done: list | None = None) -> int:
@@ -129,18 +122,15 @@ class FeedJobs:
         return total
 
     def _end_feed(self, cfg: M.FeedConfig, node: int, rows: int) -> None:
-        reg = self.registry
-        with reg.cond:
-            if self.scheduler.finished_reading(node):
-                return
+        if self.scheduler.finished_reading(node):
+            return
         host, port = cfg.address(node)
         try:
             end_feed(host, port, cfg.secret, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout)
         except (TFOSError, OSError):
-            with reg.cond:
-                reg.cond.wait_for(lambda: reg.nodes[node].exited is not None, timeout=5)
-                if self.scheduler.finished_reading(node):
-                    return
+            self.registry.wait_until(lambda snap: snap.exited[node] is not None, 5)
+            if self.scheduler.finished_reading(node):
+                return
             self.check_failed()
             err = TFOSError(f"could not end the feed on node {node}")
             self.abort(err)
@@ -173,17 +163,15 @@ class FeedJobs:
         for n in self.registry.registered():
             if n.node_index not in self.scheduler.feed_ranks or not n.feed_port:
                 continue
-            if self.registry.nodes[n.node_index].exited is not None:
+            if self.registry.snapshot().exited[n.node_index] is not None:
                 continue
             try:
                 end_feed(n.host, n.feed_port, c.secret, n.node_index, M.SHUTDOWN_FEED, "input", 0, timeout)
-            except (TFOSError, OSError) as e:
-                with self.registry.cond:  # it may just have finished: its exit report is on the way
-                    self.registry.cond.wait_for(lambda: self.registry.nodes[n.node_index].exited is not None,
-                                                timeout=5)
-                    if self.registry.nodes[n.node_index].exited is None:
-                        logger.error("could not end the feed of node %d: %s", n.node_index, e)
-                        unreached.append((n.node_index, str(e)))
+            except (TFOSError, OSError) as e:  # it may just have finished: its exit report is on the way
+                i = n.node_index
+                if not self.registry.wait_until(lambda snap: snap.exited[i] is not None, 5):
+                    logger.error("could not end the feed of node %d: %s", i, e)
+                    unreached.append((i, str(e)))
         return unreached
 
 

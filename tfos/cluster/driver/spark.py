@@ -158,8 +158,8 @@ class SparkJob:
 # ---------------------------------------------------------------------- the user's Spark entry point
 def spark_entry(obj) -> "ClassicSpark | ConnectSpark":
     """Wrap what the user passed (SparkContext, classic SparkSession, Spark Connect SparkSession)."""
-    if isinstance(obj, (ClassicSpark, ConnectSpark)):
-        return obj
+    if isinstance(obj, (ClassicSpark, ConnectSpark)) or hasattr(obj, "barrier_stage"):
+        return obj  # already an entry point (tfos.testing.fake_spark.FakeSpark is one too)
     if is_connect_session(obj):
         return ConnectSpark(obj)
     if hasattr(obj, "_jsc") and hasattr(obj, "parallelize"):

@@ -66,6 +66,7 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
             proc.wait()  # the agent's own watchdogs bound its life (driver heartbeat, executor JVM)
         yield f"node {i} on {node_host}: {status}"
 
+    bootstrap.cluster = cluster  # what the stage was made for (tfos.testing.fake_spark reads it)
     return bootstrap
 
 

@@ -1,0 +1,122 @@
+"""The driver's supervisor, registry and failure policy on a fake Spark (tfos.testing.fake_spark):
+the real control service and wire, scripted nodes instead of executors and TF processes, so each
+case runs in about a second. The same paths run end to end on Spark in tests/integration."""
+
+import time
+
+import pytest
+
+from tfos import TFCluster
+from tfos.cluster.driver.lifecycle import Phase
+from tfos.errors import NodeFailedError, ReservationTimeoutError
+from tfos.testing.fake_spark import Does, FakeSpark
+from tfos.topology import InputMode
+
+FAST = dict(heartbeat_interval=0.1, heartbeat_timeout=5, stop_grace_secs=0, restart_backoff=0, progress=False)
+
+
+def main_fun(args, ctx):  # never runs: the fake nodes play the TF processes
+    raise AssertionError("not called")
+
+
+def run(spark, n=2, num_ps=0, **kwargs):
+    cluster = TFCluster.reserve(spark, n, num_ps, **dict(FAST, **kwargs))
+    cluster.start(main_fun)
+    return cluster
+
+
+def scripted(plan: dict, default=Does.FINISH):
+    """behaviour(i, attempt) from {(i, attempt): Does}."""
+    return lambda i, attempt: plan.get((i, attempt), default)
+
+
+def test_every_node_finishes():
+    spark = FakeSpark()
+    cluster = run(spark)
+    assert set(cluster.cluster_spec) == {"chief", "worker"}
+    cluster.shutdown()
+    assert cluster.lifecycle.phase is Phase.SHUT_DOWN and spark.started == [(0, 0), (1, 0)]
+    assert cluster.restarts == [] and cluster.attempt == 0
+
+
+def test_a_failed_node_restarts_every_node_once():
+    spark = FakeSpark(3, scripted({(1, 0): Does.RAISE}), run_secs=0.5)
+    cluster = run(spark, 3, max_restarts=1)
+    cluster.shutdown()
+    assert spark.started == [(i, a) for a in (0, 1) for i in range(3)]
+    assert [(r.node_index, r.attempt) for r in cluster.restarts] == [(1, 0)]
+    assert cluster.attempt == 1 and cluster.lifecycle.phase is Phase.SHUT_DOWN
+
+
+def test_without_restarts_the_failure_is_raised():
+    spark = FakeSpark(2, scripted({(1, 0): Does.RAISE}))
+    cluster = run(spark)
+    with pytest.raises(NodeFailedError, match="node 1") as e:
+        cluster.shutdown()
+    assert "failed on purpose" in str(e.value) and spark.started == [(0, 0), (1, 0)]
+    assert cluster.lifecycle.phase is Phase.FAILED
+
+
+def test_restarts_used_up_raise_every_attempts_failure():
+    spark = FakeSpark(2, lambda i, attempt: Does.RAISE if i == 1 else Does.HANG)
+    cluster = run(spark, max_restarts=2)
+    with pytest.raises(NodeFailedError) as e:
+        cluster.shutdown(timeout=60)
+    assert [f.attempt for f in e.value.failures if f.node_index == 1] == [0, 1, 2]
+    assert len(cluster.restarts) == 2 and max(a for _, a in spark.started) == 2
+
+
+def test_non_retryable_is_never_restarted():
+    spark = FakeSpark(2, scripted({(0, 0): Does.NON_RETRYABLE}, Does.HANG))
+    cluster = run(spark, max_restarts=3)
+    with pytest.raises(NodeFailedError, match="node 0"):
+        cluster.shutdown(timeout=60)
+    assert spark.started == [(0, 0), (1, 0)] and cluster.restarts == []
+
+
+def test_a_node_that_never_registers_times_out_naming_the_setting():
+    spark = FakeSpark(2, scripted({(1, 0): Does.NEVER_REGISTER}))
+    t0 = time.monotonic()
+    with pytest.raises(ReservationTimeoutError, match=r"nodes \[1\] of 2 did not start within 2s \(reservation_timeout\)"):
+        run(spark, reservation_timeout=2)
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_silent_node_is_lost_at_heartbeat_timeout():
+    spark = FakeSpark(2, scripted({(1, 0): Does.GO_SILENT}, Does.HANG))
+    cluster = run(spark, heartbeat_timeout=1)
+    with pytest.raises(NodeFailedError, match="lost contact with the node agent"):
+        cluster.shutdown(timeout=30)
+
+
+def test_ps_backend_goes_on_without_a_lost_worker():
+    # roles: ps, chief, worker 0, worker 1; worker 1 fails while worker 0 runs: the chief goes on
+    spark = FakeSpark(4, lambda i, attempt: {1: Does.FINISH, 3: Does.RAISE}.get(i, Does.HANG),
+                      run_secs=lambda i: 1.5 if i == 1 else 0.3)
+    cluster = run(spark, 4, num_ps=1, backend="ps", max_restarts=1)
+    cluster.shutdown(timeout=30)
+    assert [(n.node_index, n.job_name) for n in cluster.lost_nodes] == [(3, "worker")]
+    assert cluster.restarts == [] and spark.started == [(i, 0) for i in range(4)]
+
+
+def test_shutdown_timeout_names_its_setting():
+    spark = FakeSpark(2, scripted({}, Does.HANG))
+    cluster = run(spark)
+    with pytest.raises(Exception, match=r"training nodes \[0, 1\] still running after 1s; raise shutdown\(timeout=\.\.\.\)"):
+        cluster.shutdown(timeout=1)
+    assert cluster.lifecycle.phase is Phase.FAILED
+
+
+def test_too_few_slots_fail_before_anything_starts():
+    with pytest.raises(ReservationTimeoutError, match="offers 1 slot"):
+        TFCluster.reserve(FakeSpark(1), 2, **FAST)
+
+
+def test_spark_input_mode_restarts_are_left_to_train():
+    """InputMode.SPARK: a failure while no feed runs is raised by shutdown (no data to resume from)."""
+    spark = FakeSpark(2, scripted({(1, 0): Does.RAISE}, Does.FINISH), run_secs=0.3)
+    cluster = TFCluster.reserve(spark, 2, **dict(FAST, max_restarts=1))
+    cluster.start(main_fun, input_mode=InputMode.SPARK)
+    time.sleep(1)
+    with pytest.raises(NodeFailedError):
+        cluster.shutdown()

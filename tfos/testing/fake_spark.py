@@ -1,0 +1,172 @@
+"""A Spark stand-in for fast tests of the driver: no JVM, no executors, no TF processes.
+
+``FakeSpark`` is a Spark entry point (what ``TFCluster.reserve`` accepts): its barrier stage runs
+one thread per node, and each thread is a :class:`FakeNode` that plays the node's agent and TF
+process on the real control channel (authenticated, typed messages): it announces its agent,
+registers, waits for the cluster spec, sends heartbeats, and reports its exit. What node ``i``
+does on attempt ``a`` is ``behaviour(i, a)``, one of :class:`Does`, so a test can make any node
+fail, hang, go silent or never start on any attempt, and watch the driver's supervisor, registry
+and failure policy answer in milliseconds to a second. The real-Spark integration tests check the
+same paths end to end with real processes.
+
+    spark = FakeSpark(slots=3, behaviour=lambda i, attempt: Does.RAISE if (i, attempt) == (1, 0) else Does.FINISH)
+    cluster = TFCluster.reserve(spark, 3, max_restarts=1, restart_backoff=0, progress=False)
+    cluster.start(lambda args, ctx: None)
+    cluster.shutdown()
+    assert spark.started == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+
+from tfos.errors import ReservationTimeoutError, TFOSError
+from tfos.topology import InputMode
+from tfos.wire import messages as M
+from tfos.wire.clients import DriverClient
+
+logger = logging.getLogger(__name__)
+
+
+class Does(enum.Enum):
+    FINISH = "run for `run_secs`, then exit 0"
+    RAISE = "run for `run_secs`, then exit 1 with a traceback (retryable)"
+    NON_RETRYABLE = "run for `run_secs`, then exit 1 with NonRetryable"
+    HANG = "run until the driver stops it"
+    GO_SILENT = "register, then send nothing more (a lost host)"
+    NEVER_REGISTER = "start its agent, never register a TF process"
+
+
+class FakeNode(threading.Thread):
+    """One node's agent and TF process, as the driver sees them over the control channel."""
+
+    def __init__(self, cluster: M.ClusterConfig, index: int, does: Does, run_secs: float, cancelled: threading.Event):
+        super().__init__(name=f"fake-node-{index}-{cluster.attempt}", daemon=True)
+        self.cluster = cluster
+        self.index = index
+        self.does = does
+        self.run_secs = run_secs
+        self.cancelled = cancelled
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        c = self.cluster
+        client = DriverClient(c.driver_host, c.driver_port, c.secret, c.cluster_id, self.index)
+        pid = os.getpid()
+        try:
+            stop = client.agent_started("127.0.0.1", pid, pid, "")
+        except Exception as e:  # the driver moved on (a new attempt, or the cluster ended)
+            self.error = e
+            return
+        try:
+            code, traceback, retryable, stop = self._run(client, stop)
+        except Exception as e:  # e.g. the cluster spec refused: the TF process would exit with it
+            self.error = e
+            code, traceback, retryable, stop = 1, f"Traceback (most recent call last):\n{e!r}", True, False
+        if code is None:  # gone silent: nothing more is sent
+            return
+        try:
+            client.node_exited(code, traceback, "", "", stopped_by_driver=stop, reason="", retryable=retryable)
+        except Exception as e:
+            logger.debug("fake node %d could not report its exit: %s", self.index, e)
+
+    def _run(self, client: DriverClient, stop: bool):
+        """What the node does; returns ``(exit code or None when silent, traceback, retryable, stopped)``."""
+        c = self.cluster
+        job, task_index = c.roles[self.index]
+        long = c.reservation_timeout + 60
+        if self.does is Does.NEVER_REGISTER:
+            return -15, "", True, stop or self._heartbeat_until(client, time.monotonic() + long)
+        client.register(M.NodeInfo(self.index, job, task_index, "127.0.0.1", 20000 + self.index, 0, os.getpid()))
+        client.cluster_spec(c.reservation_timeout)
+        if self.does is Does.GO_SILENT:
+            return None, "", True, False
+        end = time.monotonic() + (long if self.does is Does.HANG else self.run_secs)
+        if stop or self._heartbeat_until(client, end):
+            return -15, "", True, True
+        if self.does is Does.FINISH:
+            return 0, "", True, False
+        kind = "RuntimeError" if self.does is Does.RAISE else "tfos.errors.NonRetryable"
+        return (1, f"Traceback (most recent call last):\n{kind}: node {self.index} failed on purpose",
+                self.does is not Does.NON_RETRYABLE, False)
+
+    def _heartbeat_until(self, client: DriverClient, end: float) -> bool:
+        """Heartbeat until ``end``; True when the driver (or a cancelled stage) asks to stop first."""
+        interval = max(0.05, self.cluster.heartbeat_interval)
+        while time.monotonic() < end:
+            if self.cancelled.is_set() or client.heartbeat():
+                return True
+            self.cancelled.wait(min(interval, max(0.0, end - time.monotonic())))
+        return False
+
+
+class FakeSpark:
+    """A Spark entry point whose barrier stages run :class:`FakeNode` threads (see the module).
+    ``run_secs``: how long a node runs before it finishes or fails, in seconds, or ``run_secs(i)``."""
+
+    connect = False
+    master = "fake"
+
+    def __init__(self, slots: int = 2, behaviour=None, run_secs=0.2):
+        self.slots = slots
+        self.behaviour = behaviour or (lambda index, attempt: Does.FINISH)
+        self.run_secs = run_secs
+        self.started: list[tuple[int, int]] = []  # (node index, attempt) of every node started
+        self._lock = threading.Lock()
+        self._jobs: dict[int, str] = {}  # thread id -> job group
+        self._cancel: dict[str, threading.Event] = {}
+
+    def conf(self) -> dict:
+        return {}
+
+    def wait_for_slots(self, num_executors: int, timeout: float) -> int:
+        if num_executors > self.slots:
+            raise ReservationTimeoutError(f"cannot reserve {num_executors} executors: the fake Spark offers "
+                                          f"{self.slots} slot(s)")
+        return self.slots
+
+    def default_fs(self) -> str:
+        return "file:///"
+
+    def control_address(self, environ: dict):
+        from tfos.cluster.driver.spark import ControlAddress
+
+        return ControlAddress("127.0.0.1", "127.0.0.1", 0, "spark.driver.host")
+
+    def enter_job(self, group: str, description: str) -> None:
+        with self._lock:
+            self._jobs[threading.get_ident()] = group
+            self._cancel.setdefault(group, threading.Event())
+
+    def cancel_job(self, group: str) -> None:
+        with self._lock:
+            self._cancel.setdefault(group, threading.Event()).set()
+
+    def quiet_console(self) -> None:
+        pass
+
+    def barrier_stage(self, n: int, bootstrap):
+        cluster: M.ClusterConfig = bootstrap.cluster  # make_bootstrap records what it was made for
+
+        def action():
+            with self._lock:
+                cancelled = self._cancel.setdefault(self._jobs.get(threading.get_ident(), ""), threading.Event())
+            secs = self.run_secs if callable(self.run_secs) else (lambda i: self.run_secs)
+            nodes = [FakeNode(cluster, i, self.behaviour(i, cluster.attempt), secs(i), cancelled) for i in range(n)]
+            with self._lock:
+                self.started += [(i, cluster.attempt) for i in range(n)]
+            for node in nodes:
+                node.start()
+            if cluster.input_mode != InputMode.TENSORFLOW:
+                return [f"node {i}: STARTED" for i in range(n)]
+            for node in nodes:  # TENSORFLOW: the barrier tasks hold their slots until the nodes end
+                node.join()
+            if cancelled.is_set():
+                raise TFOSError("the fake barrier stage was cancelled")
+            return [f"node {i}: ended" for i in range(n)]
+
+        return action

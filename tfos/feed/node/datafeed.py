@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from tfos.errors import FeedError, TFOSError
-from tfos.feed.node.hub import CLOSE, DATA, END, PART, FeedHub, Origin
+from tfos.feed.node.hub import Close, Data, End, FeedHub, Origin, Part
 from tfos.feed import arrow
 
 logger = logging.getLogger(__name__)
@@ -83,20 +83,18 @@ class DataFeed:
         while got < n and not self.done:
             if self._batch is None:
                 item = self._next_item()
-                kind = item[0]
-                if kind == DATA:
-                    self._batch, self._origin, self._offset = item[1], item[2], 0
-                    self._feed_rows[item[3]] += item[1].num_rows
-                elif kind == END:
-                    _, feed_id, rows = item
-                    got_rows = self._feed_rows.pop(feed_id, 0)
-                    if got_rows != rows:
-                        raise FeedError(f"feed {feed_id}: the driver sent {rows} rows to this node but "
+                if isinstance(item, Data):
+                    self._batch, self._origin, self._offset = item.batch, item.origin, 0
+                    self._feed_rows[item.feed_id] += item.batch.num_rows
+                elif isinstance(item, End):
+                    got_rows = self._feed_rows.pop(item.feed_id, 0)
+                    if got_rows != item.rows:
+                        raise FeedError(f"feed {item.feed_id}: the driver sent {item.rows} rows to this node but "
                                         f"{got_rows} arrived")
                     self.done = True
-                elif kind == CLOSE:
+                elif isinstance(item, Close):
                     self.done = self.closed = True
-                elif kind == PART and not self.train_mode and got:
+                elif isinstance(item, Part) and not self.train_mode and got:
                     break
                 continue
             take = min(n - got, self._batch.num_rows - self._offset)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from dataclasses import dataclass
 
 from tfos.errors import FeedError, ProtocolError, TFOSError
 from tfos.feed import arrow
@@ -21,8 +22,36 @@ from tfos.wire.listener import Listener
 
 logger = logging.getLogger(__name__)
 
-# Queue items: (DATA, batch, origin, feed_id) | (END, feed_id, rows) | (PART, origin) | (CLOSE,)
-DATA, END, PART, CLOSE = "data", "end", "part", "close"
+# -- what a feed queue holds: one of four typed items
+
+
+@dataclass(frozen=True)
+class Data:
+    """Rows of a feed: an Arrow record batch, the connection it came on, the feed it belongs to."""
+
+    batch: object  # pyarrow.RecordBatch
+    origin: "Origin"
+    feed_id: str
+
+
+@dataclass(frozen=True)
+class End:
+    """The driver's end of feed ``feed_id``: ``rows`` rows were sent to this node in all."""
+
+    feed_id: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class Part:
+    """The end of one partition (inference answers partition by partition)."""
+
+    origin: "Origin"
+
+
+@dataclass(frozen=True)
+class Close:
+    """No more data will come (shutdown, or ``TFManager``'s ``put(None)``)."""
 
 
 class Origin:
@@ -65,7 +94,7 @@ class FeedQueue:
 
     def put(self, item, stop: threading.Event) -> None:
         while True:
-            if self.terminated.is_set() and item[0] == DATA:
+            if self.terminated.is_set() and isinstance(item, Data):
                 return  # terminate(): drop data so senders finish quickly
             try:
                 self.q.put(item, timeout=0.5)
@@ -117,9 +146,9 @@ class FeedHub:
     def _on_feed_end(self, ch: Channel, msg: M.FeedEnd) -> None:
         if msg.feed_id == M.SHUTDOWN_FEED:
             for q in list(self.queues.values()) or [self.queue(msg.qname)]:
-                q.put((CLOSE,), self._stop)
+                q.put(Close(), self._stop)
         else:
-            self.queue(msg.qname).put((END, msg.feed_id, msg.rows), self._stop)
+            self.queue(msg.qname).put(End(msg.feed_id, msg.rows), self._stop)
         ch.send(M.FeedAck(msg.rows))
 
     def _on_feed(self, ch: Channel, begin: M.FeedBegin) -> None:
@@ -134,7 +163,7 @@ class FeedHub:
                 rows += batch.num_rows
                 self.bytes_received += len(value)
                 if batch.num_rows:
-                    q.put((DATA, batch, origin, begin.feed_id), self._stop)
+                    q.put(Data(batch, origin, begin.feed_id), self._stop)
                 continue
             if not isinstance(value, M.FeedPartitionEnd):
                 raise ProtocolError(f"unexpected {type(value).__name__} in a feed")
@@ -144,7 +173,7 @@ class FeedHub:
             if begin.train:
                 ch.send(M.FeedAck(rows, q.terminated.is_set()))
                 return
-            q.put((PART, origin), self._stop)
+            q.put(Part(origin), self._stop)
             with origin.cond:  # wait until main_fun answered every row of this partition
                 while origin.rows_answered < rows and not q.terminated.is_set() and not self._stop.is_set():
                     origin.cond.wait(0.5)

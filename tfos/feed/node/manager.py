@@ -14,7 +14,7 @@ import queue
 import threading
 
 from tfos.errors import ConfigError
-from tfos.feed.node.hub import CLOSE, DATA, FeedQueue
+from tfos.feed.node.hub import Close, Data, FeedQueue
 from tfos.feed import arrow
 
 __all__ = ["start", "connect", "LocalManager"]
@@ -45,9 +45,9 @@ class _InputQueue:
 
     def put(self, item, block: bool = True, timeout: float | None = None) -> None:
         if item is None:
-            self._feed.q.put((CLOSE,), block, timeout)
+            self._feed.q.put(Close(), block, timeout)
         else:
-            self._feed.q.put((DATA, arrow.rows_to_batch([item]), self._results, "local"), block, timeout)
+            self._feed.q.put(Data(arrow.rows_to_batch([item]), self._results, "local"), block, timeout)
 
     def qsize(self) -> int:
         return self._feed.q.qsize()

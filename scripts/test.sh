@@ -4,7 +4,8 @@
 # embedded local-cluster[2,1,1024] server); then the multi-host suite (its own pytest session: a
 # standalone cluster of three
 # hosts in network namespaces; needs root, skipped otherwise); then the Horovod tests in their
-# own TF 2.15 environment (scripts/horovod_env.sh).
+# own TF 2.15 environment (scripts/horovod_env.sh); then the Hadoop suite (its own pytest session:
+# real HDFS and YARN daemons from Hadoop's Maven Central jars, python -m tfos.testing.hadoop).
 # Extra arguments go to the main pytest run and skip the other parts (e.g. -m "not slow").
 set -euo pipefail
 TFOS_EXTRAS="tf,spark,connect,test,gloo"
@@ -13,12 +14,13 @@ source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 # Run one pytest session; pytest's exit code 5 (no test collected) fails on purpose.
 run_pytest() {
-  local what="$1"
+  local what="$1" start=$SECONDS
   shift
   set +e
   "$@"
   local code=$?
   set -e
+  echo "== $what suite: $((SECONDS - start)) s (exit $code)"
   if [ "$code" -eq 5 ]; then
     echo "no $what test ran (pytest collected none): failing on purpose" >&2
     exit 1
@@ -34,8 +36,13 @@ if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_MULTIHOST:-0}" != "1" ]; then
   echo "== multi-host tests (Spark standalone, one network namespace per host)"
   run_pytest "multi-host" python -m pytest --multihost
 fi
+if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HADOOP:-0}" != "1" ]; then
+  echo "== Hadoop tests (HDFS + YARN daemons, Hadoop 3.5.0 from Maven Central)"
+  run_pytest "Hadoop" python -m pytest --hadoop
+fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HOROVOD:-0}" != "1" ]; then
   echo "== Horovod tests (TF 2.15 + Horovod 0.28.1 environment)"
   HVD_VENV="$(bash scripts/horovod_env.sh | tail -1)"
   run_pytest "Horovod" "$HVD_VENV/bin/python" -m pytest -m horovod tests/e2e/test_horovod.py
 fi
+echo "== whole run: $SECONDS s"

@@ -17,7 +17,8 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 SPARK_FIXTURES = {"spark", "sc", "tfos_cluster", "connect_spark", "connect_cluster"}
 # Suites that need a pytest session of their own (one process holds one Spark driver): option -> folder.
-SEPARATE = {"--multihost": os.path.join(ROOT, "tests", "multihost"), "--connect": os.path.join(ROOT, "tests", "connect")}
+SEPARATE = {"--multihost": os.path.join(ROOT, "tests", "multihost"), "--connect": os.path.join(ROOT, "tests", "connect"),
+            "--hadoop": os.path.join(ROOT, "tests", "hadoop")}
 
 
 def pytest_addoption(parser):
@@ -25,6 +26,10 @@ def pytest_addoption(parser):
                      help="run only the multi-host tests (tests/multihost: a Spark standalone cluster of several "
                           "hosts in network namespaces; needs root). They need their own pytest session, since "
                           "one process holds one SparkContext.")
+    parser.addoption("--hadoop", action="store_true",
+                     help="run only the Hadoop tests (tests/hadoop: real HDFS and YARN daemons started by "
+                          "python -m tfos.testing.hadoop; needs Java 17 and Maven, and the first run fetches "
+                          "Hadoop's jars from Maven Central into ~/.cache/tfos).")
     parser.addoption("--connect", action="store_true",
                      help="run only the Spark Connect tests (tests/connect: a Connect session on an embedded "
                           "local-cluster[2,1,1024] server); their own pytest session, for the same reason.")

@@ -44,7 +44,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "tfos.feed.driver": DRIVER,
     "tfos.ml": DRIVER + ("tfos.ml", "tfos.InputMode", "tfos.TFCluster"),
     "tfos.run": DRIVER,
-    "tfos.testing": DRIVER,
+    "tfos.testing": DRIVER + ("tfos.testing",),
     # the package root (its public names are re-exported lazily, by name)
     "tfos": ("tfos.errors", "tfos.topology"),
     # TensorFlowOnSpark's module names, each an alias of the module it names

@@ -21,13 +21,15 @@ setup(
         "keras2": ["tf-keras"],
         "examples": ["scikit-learn", "tf-keras"],
         "test": ["pytest>=7", "pytest-timeout", "psutil", "scikit-learn", "tf-keras", "tensorboard", "tqdm", "nbclient", "nbformat", "ipykernel",
-                 "mlflow>=3,<4"],
+                 "mlflow>=3,<4", "hdfs-native>=0.14", "hdfs>=2.7"],
         "tensorboard": ["tensorboard"],
         "horovod": ["horovod>=0.28"],
         # Gloo CPU all-reduce for tfos.keras_dist (PyTorch's torch.distributed). Take the CPU wheel
         # (~190 MB): pip install torch --index-url https://download.pytorch.org/whl/cpu
         "gloo": ["torch>=2.3"],
         "mlflow": ["mlflow>=3,<4"],
+        # hdfs:// and viewfs:// without a JVM or a Hadoop install (HDFS RPC in Rust; Kerberos, HA)
+        "hdfs": ["hdfs-native>=0.14"],
         "all": ["tensorflow-cpu>=2.16; platform_machine=='x86_64'", "tensorflow>=2.16; platform_machine!='x86_64'",
                 "tensorboard", "pyspark>=3.5", "pandas>=2.2,<3", "tf-keras", "scikit-learn"],
     },

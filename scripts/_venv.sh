@@ -1,9 +1,9 @@
 # Sourced by the scripts: create (once per machine) and activate the project's virtualenv with the
-# extras given in $TFOS_EXTRAS. The environment lives in this user's cache, keyed by what decides
-# its contents (Python version, setup.py, the extras, $TFOS_PINS), so a fresh clone on the same
-# machine reuses it and only a change of those builds a new one; .venv in the clone links to it.
-# tfos itself is installed editable from the clone that uses the environment (re-pointed when
-# another clone takes it). $TFOS_VENV names an environment of your own instead.
+# extras given in $TFOS_EXTRAS. The environment lives in this user's cache, keyed by the Python
+# version, the extras and $TFOS_PINS, so a fresh clone on the same machine reuses it; a change of
+# setup.py installs what is missing into it; .venv in the clone links to it. tfos itself is
+# installed editable from the clone that uses the environment (re-pointed when another clone
+# takes it). $TFOS_VENV names an environment of your own instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -12,22 +12,26 @@ source "$(dirname "${BASH_SOURCE[0]}")/_cache.sh"
 if [ -n "${TFOS_VENV:-}" ]; then
   VENV="$TFOS_VENV"
 else
-  KEY="$( { "$PY" --version; cat "$ROOT/setup.py"; echo "$TFOS_EXTRAS|$PINS"; } | sha1sum | cut -c1-12)"
+  KEY="$( { "$PY" --version; echo "$TFOS_EXTRAS|$PINS"; } | sha1sum | cut -c1-12)"
   VENV="$(tfos_cache_dir)/venv-${TFOS_EXTRAS//,/-}-$KEY"
 fi
-if [ ! -f "$VENV/.tfos-complete" ]; then
-  rm -rf "$VENV"
+if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
+fi
+# setup.py decides what is installed: a change installs what is missing into the same environment
+STAMP="$VENV/.tfos-installed-$(sha1sum "$ROOT/setup.py" | cut -c1-12)"
+if [ ! -f "$STAMP" ]; then
   # $TFOS_PINS: exact versions installed first (e.g. torch==2.13.0), so the extras' ranges are met by them
   if [ -n "$PINS" ]; then
     "$VENV/bin/python" -m pip install -q $PINS
   fi
   "$VENV/bin/python" -m pip install -q -e "$ROOT[$TFOS_EXTRAS]"
   echo "$ROOT" > "$VENV/.tfos-root"
-  touch "$VENV/.tfos-complete"
+  rm -f "$VENV"/.tfos-installed-*
+  touch "$STAMP"
 fi
-if [ "$(cat "$VENV/.tfos-root" 2>/dev/null)" != "$ROOT" ]; then  # another clone built it: point tfos here
+if [ "$(cat "$VENV/.tfos-root" 2>/dev/null)" != "$ROOT" ]; then  # another clone installed it: point tfos here
   "$VENV/bin/python" -m pip install -q --no-deps -e "$ROOT"
   echo "$ROOT" > "$VENV/.tfos-root"
 fi

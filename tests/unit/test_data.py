@@ -104,6 +104,7 @@ def no_hadoop(monkeypatch):
     for name in ("HADOOP_HOME", "CLASSPATH", "ARROW_LIBHDFS_DIR", "HADOOP_CONF_DIR", "JAVA_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(dfs, "_hadoop_command", lambda: None)
+    monkeypatch.setattr(dfs, "_hdfs_native_installed", lambda: False)  # nor hdfs-native
 
 
 @pytest.mark.parametrize("uri", ["hdfs://127.0.0.1:1/data/train", "viewfs://cluster/data"])

@@ -177,7 +177,9 @@ def _hadoop_help(uri: str, cause: str) -> str:
                 else ("set but has no Hadoop jars" if classpath else "not set"))
     lines = [
         f"Cannot open {uri}: no working Hadoop client in this process ({cause}).",
-        "pyarrow reaches HDFS through libhdfs, which runs Hadoop's Java client in a JVM. Set these, before the "
+        f"The simplest client needs no JVM: {_hdfs_install_hint()}, with HADOOP_CONF_DIR set for hdfs:/// and HA "
+        "nameservices.",
+        "Without it, pyarrow reaches HDFS through libhdfs, which runs Hadoop's Java client in a JVM. Set these, before the "
         "process starts, on every host that touches hdfs:// (the driver for list_files / save_as_tfrecords, "
         "the executors and TF nodes for the readers and writers):",
         f"  JAVA_HOME=<JDK directory>  ({state('JAVA_HOME') if env.get('JAVA_HOME') else _java_home_hint()})",
@@ -195,7 +197,25 @@ def _hadoop_help(uri: str, cause: str) -> str:
     return "\n".join(lines)
 
 
+def _hdfs_install_hint() -> str:
+    from tfos.data.hdfs import INSTALL_HINT
+
+    return INSTALL_HINT
+
+
+def _hdfs_native_installed() -> bool:
+    from tfos.data import hdfs
+
+    return hdfs.installed()
+
+
 def _connect_hadoop(uri: str):
+    """hdfs-native when it is installed (``tfos[hdfs]``: no JVM, chosen by measurement, see
+    docs/hadoop.md), else pyarrow's libhdfs with the set-up it needs."""
+    if _hdfs_native_installed():
+        from tfos.data.hdfs import hdfs_filesystem
+
+        return hdfs_filesystem(uri)
     _ensure_hadoop_classpath()
     if not _libhdfs_loadable():
         raise HadoopConfigError(_hadoop_help(uri, "pyarrow could not load the JVM and libhdfs"))

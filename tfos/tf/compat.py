@@ -24,11 +24,16 @@ def export_saved_model(model, export_dir: str, is_chief: bool = False) -> str | 
     Every worker of a multi-worker strategy must take part in saving (TF writes variables
     collectively), so non-chief nodes save to a private temporary directory that is removed
     afterwards (TensorFlowOnSpark left a ``worker_model`` directory in the working directory).
-    Returns the path written on the chief, None elsewhere.
+    Returns the path written on the chief, None elsewhere. An ``export_dir`` on hdfs://,
+    viewfs:// or s3:// (which TensorFlow cannot open) is written to a local temporary directory
+    and uploaded (:mod:`tfos.cluster.node.staging`).
     """
     import tensorflow as tf
 
-    target = export_dir if is_chief else tempfile.mkdtemp(prefix="tfos-export-")
+    from tfos.cluster.node.staging import Mirror, needs_staging
+
+    remote = is_chief and needs_staging(export_dir)  # hdfs://, viewfs://, s3://: TF cannot write there
+    target = export_dir if is_chief and not remote else tempfile.mkdtemp(prefix="tfos-export-")
     try:
         if _is_keras2(model):
             model.save(target, save_format="tf")
@@ -36,8 +41,10 @@ def export_saved_model(model, export_dir: str, is_chief: bool = False) -> str | 
             model.export(target)  # Keras 3
         else:
             tf.saved_model.save(model, target)
+        if remote:  # written locally, then uploaded file by file (each renamed into place)
+            Mirror(export_dir, target, delete=False).close()
     finally:
-        if not is_chief and tf.io.gfile.exists(target):
+        if (remote or not is_chief) and tf.io.gfile.exists(target):
             tf.io.gfile.rmtree(target)
     return export_dir if is_chief else None
 

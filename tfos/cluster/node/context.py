@@ -19,7 +19,9 @@ class NodeContext:
     ``num_nodes``, ``nodes``, ``cluster_spec``, ``tf_config``, ``gpus``, ``host``, ``defaultFS``,
     ``working_dir``, ``log_dir``, ``input_mode``, ``mgr`` (the feed hub in InputMode.SPARK),
     ``attempt`` (0, or k after the k-th restart: ``max_restarts``) and ``checkpoint_dir`` (the
-    same on every attempt: restore from it).
+    same on every attempt: restore from it). On hdfs://, viewfs:// or s3://, which TensorFlow
+    cannot open, ``checkpoint_dir`` and ``log_dir`` are local directories mirrored there
+    (``checkpoint_uri``, ``log_uri``; see :mod:`tfos.cluster.node.staging`).
     """
 
     def __init__(self, cfg: NodeConfig, nodes: tuple[NodeInfo, ...], held_port: socket.socket | None,
@@ -48,6 +50,10 @@ class NodeContext:
         self.log_dir = cfg.cluster.log_dir
         self.attempt = cfg.cluster.attempt  # 0 on the first start, k after the k-th restart (max_restarts)
         self.checkpoint_dir = cfg.cluster.checkpoint_dir  # the same on every attempt: restore from it
+        # what reserve() named; checkpoint_dir / log_dir are local stand-ins for schemes TF cannot
+        # open (hdfs://, viewfs://, s3://), mirrored to these (tfos.cluster.node.staging)
+        self.checkpoint_uri = self.checkpoint_dir
+        self.log_uri = self.log_dir
         self.input_mode = topology.InputMode(cfg.cluster.input_mode)
         self.mgr = hub
         self.tmp_socket = held_port

@@ -17,8 +17,9 @@ import logging
 import os
 import threading
 
-from tfos.errors import TFOSTimeoutError
+from tfos.errors import TFOSError, TFOSTimeoutError
 from tfos.host import claims
+from tfos.cluster.node import staging
 from tfos.cluster.node.context import NodeContext
 from tfos.cluster.node.reporting import Reporter
 from tfos.topology import InputMode
@@ -90,13 +91,23 @@ def run_node(cfg: M.NodeConfig) -> int:
                 os.environ["TF_CONFIG"])
     if c.release_port:
         ctx.release_port()
+    mirrors = staging.stage(ctx, cfg.node_dir)  # hdfs:// checkpoint_dir / log_dir: local stand-ins
+    failed = True
     try:
         with ctx.trace("main_fun", "node"):
             result = hooks.run(main_fun, args, ctx)
         if isinstance(result, str) and result and ctx.is_chief:  # main_fun returned its export path
             ctx.log_model(result)
+        failed = False
     finally:
         reporter.close()
+        for m in mirrors:  # the last uploads, before the node reports its exit
+            try:
+                m.close()
+            except TFOSError:
+                if not failed:
+                    raise
+                logger.exception("after main_fun failed, its files could not all be uploaded")
     if hub is not None:
         hub.close()
     return 0

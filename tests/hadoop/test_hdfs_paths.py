@@ -1,0 +1,66 @@
+"""hdfs:// through tfos on the real cluster, checked with Hadoop's own FsShell: tfos.data reads
+HDFS without a JVM (hdfs-native), and the TF process's staging mirror puts checkpoints and
+exports there."""
+
+import os
+import types
+
+import numpy as np
+import pytest
+
+from tfos import data
+from tfos.cluster.node.staging import Mirror
+
+
+@pytest.fixture
+def hdfs_dir(hadoop, request):
+    path = f"/tests/{request.node.name}"
+    hadoop.fs("-mkdir", "-p", path)
+    return path
+
+
+def _tfrecord_files(tmp_path, n_files, per_file):
+    from tfos.data.tfrecord import tfrecord_frame
+
+    paths = []
+    for i in range(n_files):
+        p = tmp_path / f"part-{i:05d}.tfrecord"
+        with open(p, "wb") as f:
+            for j in range(per_file):
+                f.write(tfrecord_frame(f"{i}:{j}".encode()))
+        paths.append(str(p))
+    return paths
+
+
+def test_tfos_data_lists_shards_and_reads_hdfs(hadoop, hdfs_dir, tmp_path):
+    pytest.importorskip("tensorflow")
+    local = _tfrecord_files(tmp_path, 4, 50)
+    hadoop.fs("-put", *local, hdfs_dir)
+    uri = f"{hadoop.default_fs}{hdfs_dir}"
+    files = data.list_files(uri, pattern="*.tfrecord")
+    assert files == [f"{uri}/part-{i:05d}.tfrecord" for i in range(4)]
+    assert [s for _, s in data.list_files_with_sizes(uri)] == [os.path.getsize(p) for p in local]
+    ctx = [types.SimpleNamespace(rank=r, num_workers=2) for r in range(2)]
+    shards = [data.rank_files(c, uri, "*.tfrecord") for c in ctx]
+    assert sorted(shards[0] + shards[1]) == files and not set(shards[0]) & set(shards[1])
+    records = [r.decode() for r in data.tfrecord_dataset(shards[1], reader="arrow").as_numpy_iterator()]
+    assert len(records) == 100 and {r.split(":")[0] for r in records} == {"1", "3"}
+
+
+def test_mirror_puts_checkpoints_on_hdfs_state_file_last(hadoop, hdfs_dir, tmp_path):
+    uri = f"{hadoop.default_fs}{hdfs_dir}/ckpt"
+    m = Mirror(uri, str(tmp_path / "local"))
+    assert m.restore() == 0
+    blob = np.random.default_rng(0).bytes(20 << 20)  # bigger than a copy block
+    (tmp_path / "local" / "ckpt-1.data-00000-of-00001").write_bytes(blob)
+    (tmp_path / "local" / "ckpt-1.index").write_bytes(b"index")
+    (tmp_path / "local" / "checkpoint").write_bytes(b'model_checkpoint_path: "ckpt-1"\n')
+    m.close()
+    listing = hadoop.fs("-ls", f"{hdfs_dir}/ckpt").stdout
+    assert all(n in listing for n in ("ckpt-1.data-00000-of-00001", "ckpt-1.index", "checkpoint"))
+    assert ".tfos-upload-" not in listing
+    got = tmp_path / "got"
+    hadoop.fs("-get", f"{hdfs_dir}/ckpt/ckpt-1.data-00000-of-00001", str(got))
+    assert got.read_bytes() == blob
+    again = Mirror(uri, str(tmp_path / "second"), upload=False)
+    assert again.restore() == 3 and (tmp_path / "second" / "ckpt-1.index").read_bytes() == b"index"

@@ -13,15 +13,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["dataframe", "rdd"])
-def test_digits_spark_example_trains_and_writes_predictions(spark, source, tmp_path, capfd, caplog):
+@pytest.mark.parametrize("source,epochs,min_acc", [("dataframe", 8, 0.9), ("rdd", 2, None)])
+def test_digits_spark_example_trains_and_writes_predictions(spark, source, epochs, min_acc, tmp_path, capfd, caplog):
+    """InputMode.SPARK to accuracy from a DataFrame (one of the suite's three trainings to accuracy);
+    from an RDD the same mechanics on 2 epochs."""
     import logging
 
     import digits_spark
 
     caplog.set_level(logging.INFO, logger="tfos")
-    acc = digits_spark.main(["--source", source, "--epochs", "8", "--output-dir", str(tmp_path)], spark=spark)
-    assert acc >= 0.9
+    acc = digits_spark.main(["--source", source, "--epochs", str(epochs), "--output-dir", str(tmp_path)],
+                            spark=spark)
+    assert acc >= min_acc if min_acc else 0.0 <= acc <= 1.0
     assert list((tmp_path / "predictions").glob("part-*"))
     err = capfd.readouterr().err
     assert "tfos " in err and "step" in err and "loss=" in err  # the progress bar
@@ -54,7 +57,8 @@ def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch, remote):
 
 @pytest.mark.slow
 def test_digits_example_runs_under_spark_submit(tmp_path):
-    """The README's spark-submit command, against an embedded local-cluster master."""
+    """The README's spark-submit command, against an embedded local-cluster master: MWMS with
+    per-rank file shards to accuracy (one of the suite's three trainings to accuracy)."""
     import os
     import sys
 
@@ -62,8 +66,9 @@ def test_digits_example_runs_under_spark_submit(tmp_path):
     _submit_digits_example(tmp_path, env, ["--master", "local-cluster[2,1,1024]"])
 
 
-def _submit_digits_example(tmp_path, env, spark_args):
-    """spark-submit examples/digits/digits_tf.py with ``spark_args``; it must reach accuracy >= 0.9."""
+def _submit_digits_example(tmp_path, env, spark_args, epochs=10, min_acc=0.9):
+    """spark-submit examples/digits/digits_tf.py with ``spark_args``; it must print its test accuracy,
+    at least ``min_acc`` when given."""
     import os
     import re
     import shutil
@@ -74,12 +79,12 @@ def _submit_digits_example(tmp_path, env, spark_args):
     submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     submit = submit if os.path.exists(submit) else shutil.which("spark-submit")
     out = subprocess.run([submit] + spark_args + ["--conf", "spark.ui.enabled=false",
-                          os.path.join(root, "examples", "digits", "digits_tf.py"), "--epochs", "10",
+                          os.path.join(root, "examples", "digits", "digits_tf.py"), "--epochs", str(epochs),
                           "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     m = re.search(r"test accuracy ([\d.]+)", out.stdout)
-    assert m and float(m.group(1)) >= 0.9, out.stdout[-2000:]
+    assert m and float(m.group(1)) >= (min_acc or 0.0), out.stdout[-2000:]
 
 
 @pytest.mark.slow
@@ -89,9 +94,9 @@ def test_digits_keras_fit_example(spark, tmp_path, keras_version):
 
     import digits_keras_fit
 
-    acc = digits_keras_fit.main(["--keras", keras_version, "--epochs", "8", "--output-dir", str(tmp_path)],
+    acc = digits_keras_fit.main(["--keras", keras_version, "--epochs", "2", "--output-dir", str(tmp_path)],
                                 spark=spark)
-    assert acc >= 0.9
+    assert 0.0 <= acc <= 1.0  # mechanics: keras_dist's accuracy is checked in tests/integration/test_keras_dist.py
     w0, w1 = np.load(tmp_path / "weights-rank0.npz"), np.load(tmp_path / "weights-rank1.npz")
     for k in w0.files:
         np.testing.assert_allclose(w0[k], w1[k], atol=1e-6)
@@ -135,7 +140,7 @@ def test_digits_example_on_a_standalone_cluster(tmp_path):
         start(["org.apache.spark.deploy.worker.Worker", master, "--cores", "2", "--memory", "3g",
                "--webui-port", "0", "--host", "127.0.0.1"], "worker.log", r"Successfully registered with master")
         _submit_digits_example(tmp_path, env, ["--master", master, "--conf", "spark.executor.cores=1",
-                                               "--conf", "spark.executor.memory=1g"])
+                                               "--conf", "spark.executor.memory=1g"], epochs=2, min_acc=None)
     finally:
         for p in reversed(procs):
             processes.terminate(p, 5.0, "spark daemon")
@@ -148,13 +153,12 @@ def test_parameter_server_example_trains_and_counts_steps(flags):
     InputMode.TENSORFLOW (per-worker file shards), InputMode.SPARK (fed to the chief), and tf_keras
     model.fit with a DatasetCreator."""
     root = ROOT
-    out = subprocess.run([sys.executable, os.path.join(root, "examples", "digits", "digits_ps.py"), "--epochs", "5"]
+    out = subprocess.run([sys.executable, os.path.join(root, "examples", "digits", "digits_ps.py"), "--epochs", "2"]
                          + flags,
                          capture_output=True, text=True, timeout=600, cwd=root)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     m = re.search(r"test accuracy ([\d.]+); steps scheduled (\d+), counted on the ps (\d+)", out.stdout)
     assert m, out.stdout[-2000:]
-    assert float(m.group(1)) >= 0.9
     assert m.group(2) == m.group(3)  # no step lost
 
 
@@ -164,7 +168,7 @@ def test_main_job_console_shows_one_progress_line_and_no_noise(tmp_path):
     with step and loss, updated in place, and no py4j, oneDNN or Spark start-up chatter."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits", "digits_tf.py"), "--epochs", "6",
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits", "digits_tf.py"), "--epochs", "2",
                           "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")],
                          capture_output=True, timeout=600, env=env, cwd=str(tmp_path))  # bytes: keep the \r
     stdout, stderr = out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace")

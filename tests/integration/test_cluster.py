@@ -34,7 +34,7 @@ def test_two_nodes_get_distinct_roles_consistent_tf_config_and_identical_weights
     data, out = tmp_path / "data", tmp_path / "out"
     out.mkdir()
     info = digits_tf.prepare_shards(str(data))
-    args = SimpleNamespace(data_dir=str(data), output_dir=str(out), epochs=4, batch_size=32,
+    args = SimpleNamespace(data_dir=str(data), output_dir=str(out), epochs=8, batch_size=32,
                            learning_rate=0.01, train_rows=info["train_rows"])
     cluster = tfos_cluster(2, 0, backend="mwms",
                                 backend_options={"communication": "ring", "bytes_per_pack": 16 << 10})
@@ -60,11 +60,11 @@ def test_two_nodes_get_distinct_roles_consistent_tf_config_and_identical_weights
     for k in w0.files:
         np.testing.assert_array_equal(w0[k], w1[k])
     acc = json.loads((out / "result.json").read_text())["accuracy"]
-    # training fidelity (4 epochs; the e2e examples train to accuracy): within 3 points of one
-    # process with the same global batch and steps
+    # training fidelity: within 2 points of one process with the same global batch and steps (a
+    # comparison, not one of the suite's trainings to an accuracy threshold)
     single = digits_tf.train_single_process(str(data), args.epochs, 2 * args.batch_size, args.learning_rate,
                                             args.train_rows)
-    assert abs(acc - single) <= 0.03, (acc, single)
+    assert abs(acc - single) <= 0.02, (acc, single)
 
 
 def fail_on_node_1(args, ctx):

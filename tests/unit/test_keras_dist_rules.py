@@ -158,3 +158,14 @@ def test_choose_implementation_table(requested, communication, installed, gpus, 
             choose_implementation(requested, communication, installed, gpus)
     else:
         assert choose_implementation(requested, communication, installed, gpus) == expected
+
+
+def test_keras3_models_are_not_taken_for_keras2():
+    """Keras 3 models carry some of Keras 2's private methods: compat.export_saved_model must still
+    use Keras 3's export (model.save(save_format='tf') raises there)."""
+    keras = pytest.importorskip("keras")
+    from tfos.tf.compat import _is_keras2
+
+    if not keras.__version__.startswith("3."):
+        pytest.skip("Keras 3 only")
+    assert not _is_keras2(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))

@@ -8,8 +8,14 @@ from tfos.errors import ConfigError
 
 
 def _is_keras2(model) -> bool:
-    """tf_keras / Keras 2 models (``model.save(..., save_format='tf')`` exists) vs Keras 3."""
-    return type(model).__module__.split(".")[0] in ("tf_keras", "keras_2") or hasattr(model, "_get_save_spec")
+    """tf_keras / Keras 2 models (``model.save(..., save_format='tf')`` exists) vs Keras 3 (whose
+    models may have Keras 2's private methods too: decided by the package and its version)."""
+    import sys
+
+    root = type(model).__module__.split(".")[0]
+    if root in ("tf_keras", "keras_2"):
+        return True
+    return root == "keras" and str(getattr(sys.modules.get("keras"), "__version__", "3")).startswith("2.")
 
 
 def export_saved_model(model, export_dir: str, is_chief: bool = False) -> str | None:

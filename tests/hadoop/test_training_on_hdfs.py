@@ -5,6 +5,7 @@ tfos) finds the backups, the TensorBoard events and the SavedModel there."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -88,10 +89,10 @@ def test_checkpoints_logs_and_export_on_hdfs_survive_a_restart(hadoop, sc, tmp_p
     assert result["attempt"] == 1 and result["loss_finite"]
     assert result["epochs_run"][0] > 0, result  # resumed from the backup on HDFS, not from epoch 0
     assert result["epochs_run"][-1] == EPOCHS - 1
-    assert [r.node_index for r in cluster.restarts] == [1]
+    assert 1 in [r.node_index for r in cluster.restarts]  # rank 0 may fail by itself in its collective too
     listing = hadoop.fs("-ls", "-R", base).stdout
     assert f"{base}/ckpt/" in listing, listing  # the backup
-    assert f"{base}/logs/rank0/train/events.out.tfevents" in listing, listing
-    assert f"{base}/logs/rank1/train/events.out.tfevents" in listing, listing
+    for rank in (0, 1):  # tf_keras under MWMS writes a worker's events under workertemp_<i>/
+        assert re.search(rf"{base}/logs/rank{rank}/\S*events\.out\.tfevents", listing), listing
     assert f"{base}/export/saved_model.pb" in listing and f"{base}/export/variables/" in listing, listing
     assert ".tfos-upload-" not in listing

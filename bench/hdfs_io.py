@@ -8,7 +8,7 @@
   checkpoint   a ~100 MB model saved with tf.train.Checkpoint to hdfs:// through tfos's staging
                mirror (save locally + the mirror's last pass) against the same save to a local dir
 
-Run:  bash scripts/bench.sh hdfs [--only clients|tfrecord|checkpoint] [--mb 256] [--dir DIR]
+Run:  bash scripts/bench.sh hdfs_io [--only clients|tfrecord|checkpoint] [--mb 256] [--dir DIR]
 (``--dir`` attaches to a cluster started with ``python -m tfos.testing.hadoop up --dir DIR``;
 without it the benchmark starts and stops its own.) Prints each ratio; times are the best of
 ``--repeat`` runs.

@@ -132,10 +132,24 @@ class HdfsNativeHandler(pafs.FileSystemHandler):
         return self.client.create(path, WriteOptions(overwrite=True, create_parent=True))
 
     def open_output_stream(self, path: str, metadata=None):
-        return pa.PythonFile(self._create(path), mode="w")
+        return pa.PythonFile(_BytesWriter(self._create(path)), mode="w")
 
     def open_append_stream(self, path: str, metadata=None):
-        return pa.PythonFile(self.client.append(path), mode="w")
+        return pa.PythonFile(_BytesWriter(self.client.append(path)), mode="w")
+
+
+class _BytesWriter:
+    """An hdfs-native writer fed ``bytes``: pyarrow hands ``write`` buffer objects, which the binding
+    takes ~15x slower than bytes (measured: 6.5 against 109 MB/s); one copy per block is cheaper."""
+
+    def __init__(self, writer):
+        self._w = writer
+
+    def write(self, data) -> int:
+        return self._w.write(data if isinstance(data, bytes) else bytes(data))
+
+    def __getattr__(self, name):
+        return getattr(self._w, name)
 
 
 def _full(base: str, path: str) -> str:

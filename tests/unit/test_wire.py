@@ -252,3 +252,52 @@ def test_data_frames_arrive_whole_in_64_byte_aligned_buffers(size):
         kind, value = receiver.recv_frame()
         t.join(10)
     assert kind == C.KIND_ARROW and value.to_pybytes() == data and value.address % 64 == 0
+
+
+@pytest.fixture
+def silent_peer():
+    """An authenticated endpoint that takes requests and never answers (a host whose network was cut
+    after the connection was made looks like this to the driver)."""
+    secret = C.new_secret()
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    held = []
+
+    def serve():
+        c, _ = srv.accept()
+        ch = C.Channel(c, "driver")
+        ch.server_handshake(secret)
+        held.append(ch)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1], secret
+    t.join(5)
+    for ch in held:
+        ch.close()
+    srv.close()
+
+
+def test_end_feed_gives_up_when_the_cluster_learns_the_node_died(silent_peer):
+    from tfos.wire.clients import end_feed
+
+    port, secret = silent_peer
+    calls = []
+
+    def node_failed():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("node 1 failed")
+
+    with pytest.raises(RuntimeError, match="node 1 failed"):
+        end_feed("127.0.0.1", port, secret, 1, "f1", "input", 10, timeout=600, while_waiting=node_failed)
+    assert len(calls) == 3  # three half-second slices, not the 600 s feed_timeout
+
+
+def test_end_feed_to_a_silent_node_times_out_naming_the_setting(silent_peer):
+    from tfos.wire.clients import end_feed
+
+    port, secret = silent_peer
+    with pytest.raises(TFOSTimeoutError, match="raise feed_timeout"):
+        end_feed("127.0.0.1", port, secret, 1, "f1", "input", 10, timeout=1.0, while_waiting=lambda: None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import select
 import socket
 import struct
 import time
@@ -165,13 +166,34 @@ class Channel:
             raise ProtocolError(f"expected a message from {self.peer}, got a data frame")
         return value
 
-    def request(self, msg):
-        """Send ``msg`` and return the reply; an ErrorReply raises RequestRefused."""
+    def request(self, msg, while_waiting=None, interval: float = 0.5):
+        """Send ``msg`` and return the reply; an ErrorReply raises RequestRefused.
+
+        With ``while_waiting``, the wait for the reply's first byte is cut into ``interval``-second
+        slices (bounded by the socket's timeout as a whole) and ``while_waiting()`` runs between them:
+        it raises to give up early, e.g. when the cluster learned that the peer's node died, which a
+        cut network would otherwise hide until the whole timeout ran out."""
         self.send(msg)
+        if while_waiting is not None:
+            self._await_readable(while_waiting, interval)
         reply = self.recv()
         if isinstance(reply, ErrorReply):
             raise RequestRefused(reply.message)
         return reply
+
+    def _await_readable(self, while_waiting, interval: float) -> None:
+        timeout = self.sock.gettimeout()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            slice_ = interval if deadline is None else min(interval, deadline - time.monotonic())
+            if slice_ <= 0:
+                raise socket.timeout(f"no reply from {self.peer}")
+            readable, _, _ = select.select([self.sock], [], [], slice_)
+            if readable:
+                if deadline is not None:
+                    self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                return
+            while_waiting()
 
     # -- transport
     def _sendall(self, data) -> None:

@@ -166,14 +166,15 @@ class FeedClient:
 
 
 def end_feed(host: str, port: int, secret: str, node: int, feed_id: str, qname: str, rows: int,
-             timeout: float, setting: str = "feed_timeout") -> M.FeedAck:
+             timeout: float, setting: str = "feed_timeout", while_waiting=None) -> M.FeedAck:
     """Tell node ``node``'s feed hub that feed ``feed_id`` is complete (``rows`` were sent to it);
-    returns once the hub queued the end marker."""
+    returns once the hub queued the end marker (which waits for room in a full queue). While
+    waiting, ``while_waiting()`` runs every half second and may raise to give up early."""
     with Channel.connect(host, port, secret, timeout=min(timeout, 30.0), what=f"feed of node {node}",
                          setting=setting, retry=False) as ch:
         ch.settimeout(timeout)
         try:
-            return ch.request(M.FeedEnd(feed_id, qname, rows))
+            return ch.request(M.FeedEnd(feed_id, qname, rows), while_waiting)
         except socket.timeout:
             raise TFOSTimeoutError(f"the feed of node {node} at {host}:{port} did not answer within "
                                    f"{timeout:.0f}s; raise {setting}") from None

@@ -16,7 +16,7 @@ import uuid
 from tfos.feed.driver.scheduler import FeedScheduler
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.spark import SparkJob, raise_no_rdd
-from tfos.errors import FeedError, TFOSError, remote_error
+from tfos.errors import FeedError, NodeFailedError, TFOSError, remote_error
 from tfos.wire import messages as M
 from tfos.wire.clients import end_feed
 
@@ -126,7 +126,10 @@ class FeedJobs:
             return
         host, port = cfg.address(node)
         try:
-            end_feed(host, port, cfg.secret, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout)
+            end_feed(host, port, cfg.secret, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout,
+                     while_waiting=self.check_failed)
+        except NodeFailedError:
+            raise  # the cluster already knows the first cause
         except (TFOSError, OSError):
             self.registry.wait_until(lambda snap: snap.exited[node] is not None, 5)
             if self.scheduler.finished_reading(node):

@@ -417,31 +417,3 @@ def test_failure_policy_losing_a_node(job, survivable, peers, started, max_resta
                        running=True, survivable_jobs=survivable, peers_running=peers, all_started=started)
     assert d.action is Action[action]
 
-
-@pytest.mark.parametrize("env,added", [
-    ({}, True),
-    ({"PATH": "/bin", "MALLOC": "x"}, True),
-    ({"MALLOC_ARENA_MAX": "2"}, False),             # the user tunes malloc: theirs alone
-    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}, False),
-    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, False),  # another allocator
-    ({"LD_PRELOAD": ""}, True),
-])
-def test_malloc_environment_of_the_tf_process(env, added):
-    from tfos.cluster.agent.supervisor import MALLOC_DEFAULTS, malloc_environment
-
-    assert malloc_environment(env) == (MALLOC_DEFAULTS if added else {})
-
-
-@pytest.mark.parametrize("env,expected", [
-    ({}, {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "TF_CPU_ALLOCATOR_USE_BFC"}),
-    ({"MALLOC_ARENA_MAX": "2"}, {"TF_CPU_ALLOCATOR_USE_BFC"}),  # the user's malloc, TF's BFC
-    ({"TF_CPU_ALLOCATOR_USE_BFC": "false"}, {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}),
-    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2", "TF_CPU_ALLOCATOR_USE_BFC": ""}, set()),
-])
-def test_memory_environment_of_the_tf_process(env, expected):
-    from tfos.cluster.agent.supervisor import memory_environment
-
-    added = memory_environment(env)
-    assert set(added) == expected
-    if "TF_CPU_ALLOCATOR_USE_BFC" in expected:
-        assert added["TF_CPU_ALLOCATOR_USE_BFC"] == "true"

@@ -78,13 +78,24 @@ def memory_environment(env) -> dict[str, str]:
     return out
 
 
+def node_log_path(node_dir: str, node_index: int, env) -> str:
+    """Pure: where the node's log (the TF process's stdout and stderr) goes. In a YARN container
+    (``LOG_DIRS`` set by the NodeManager) it is the container's first log directory, so
+    ``yarn logs -applicationId ...`` collects it with the executor's own logs and it outlives the
+    node directory; elsewhere ``node.log`` in the node directory."""
+    log_dirs = [d for d in env.get("LOG_DIRS", "").split(",") if d]
+    if log_dirs:
+        return os.path.join(log_dirs[0], f"tfos-node-{node_index}.log")
+    return os.path.join(node_dir, "node.log")
+
+
 class NodeAgent:
     def __init__(self, cfg: M.NodeConfig):
         self.cfg = cfg
         self.driver = DriverClient.for_node(cfg)
         self.stop_event = threading.Event()
         self.proc: subprocess.Popen | None = None  # the reaper, parent of the TF process
-        self.log_path = os.path.join(cfg.node_dir, "node.log")
+        self.log_path = node_log_path(cfg.node_dir, cfg.node_index, os.environ)
         self.error_path = os.path.join(cfg.node_dir, "error.txt")
         self._watch_w: int | None = None
 

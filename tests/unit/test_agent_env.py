@@ -1,0 +1,45 @@
+"""The node agent's pure decisions about its TF process: memory environment, where its log goes."""
+
+import pytest
+
+
+@pytest.mark.parametrize("env,added", [
+    ({}, True),
+    ({"PATH": "/bin", "MALLOC": "x"}, True),
+    ({"MALLOC_ARENA_MAX": "2"}, False),             # the user tunes malloc: theirs alone
+    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}, False),
+    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, False),  # another allocator
+    ({"LD_PRELOAD": ""}, True),
+])
+def test_malloc_environment_of_the_tf_process(env, added):
+    from tfos.cluster.agent.supervisor import MALLOC_DEFAULTS, malloc_environment
+
+    assert malloc_environment(env) == (MALLOC_DEFAULTS if added else {})
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "TF_CPU_ALLOCATOR_USE_BFC"}),
+    ({"MALLOC_ARENA_MAX": "2"}, {"TF_CPU_ALLOCATOR_USE_BFC"}),  # the user's malloc, TF's BFC
+    ({"TF_CPU_ALLOCATOR_USE_BFC": "false"}, {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}),
+    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2", "TF_CPU_ALLOCATOR_USE_BFC": ""}, set()),
+])
+def test_memory_environment_of_the_tf_process(env, expected):
+    from tfos.cluster.agent.supervisor import memory_environment
+
+    added = memory_environment(env)
+    assert set(added) == expected
+    if "TF_CPU_ALLOCATOR_USE_BFC" in expected:
+        assert added["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, "/tmp/n/node.log"),
+    ({"LOG_DIRS": ""}, "/tmp/n/node.log"),
+    ({"LOG_DIRS": "/nm/logs/application_1_0001/container_1_0001_01_000002"},  # a YARN container
+     "/nm/logs/application_1_0001/container_1_0001_01_000002/tfos-node-3.log"),
+    ({"LOG_DIRS": "/d1/logs/c2,/d2/logs/c2"}, "/d1/logs/c2/tfos-node-3.log"),
+])
+def test_the_node_log_goes_to_the_yarn_container_log_dir(env, expected):
+    from tfos.cluster.agent.supervisor import node_log_path
+
+    assert node_log_path("/tmp/n", 3, env) == expected

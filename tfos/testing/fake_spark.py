@@ -149,6 +149,9 @@ class FakeSpark:
     def quiet_console(self) -> None:
         pass
 
+    def removed_executors(self) -> list:
+        return []
+
     def barrier_stage(self, n: int, bootstrap):
         cluster: M.ClusterConfig = bootstrap.cluster  # make_bootstrap records what it was made for
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import threading
 
 from tfos.errors import ClusterStateError, TFOSError
@@ -140,3 +141,34 @@ def failure_policy(failures, *, max_restarts: int, restarts_done: int, running: 
     if restarts_done >= max_restarts:
         return Decision(Action.FAIL, f"all {max_restarts} restart(s) allowed by max_restarts were used")
     return Decision(Action.RESTART, f"restart {restarts_done + 1} of {max_restarts}")
+
+
+#: Cluster managers' words for a container killed for its memory (YARN's NodeManager, via Spark's
+#: YarnAllocator; Kubernetes; a kernel OOM kill of the executor, exit code 137).
+MEMORY_KILL = re.compile(r"exceeding (physical |virtual )?memory|beyond the '?(physical|virtual)'? memory limit|"
+                         r"OOMKilled|exit code 137", re.I)
+MEMORY_HINT = ("The node's TF process is a child of the Spark executor, so its memory counts against the "
+               "executor's container: raise spark.executor.memoryOverhead (or set spark.executor.pyspark.memory)")
+
+
+def looks_like_executor_loss(reason: str) -> bool:
+    """Pure: a node failure that the loss of its Spark executor may explain."""
+    return any(k in reason for k in ("executor JVM", "lost contact", "killed by signal"))
+
+
+def explain_executor_loss(host: str, reason: str, removed, since: float) -> str:
+    """Pure: what to add to the ``reason`` a node on ``host`` failed with, from the executors Spark
+    ``removed`` (objects with ``executor_id``, ``host``, ``reason``, ``time``) since ``since``: those
+    on the node's host (any, when none was there), each with the reason its cluster manager gave,
+    and for a container killed for memory, the setting to raise. "" when nothing explains it."""
+    if not looks_like_executor_loss(reason):
+        return ""
+    recent = [r for r in removed if not r.time or r.time >= since]
+    chosen = [r for r in recent if r.host == host] or recent
+    if not chosen:
+        return ""
+    text = "; Spark removed " + "; ".join(f"executor {r.executor_id} on {r.host}: {r.reason.strip().rstrip('.')}"
+                                          for r in chosen)
+    if any(MEMORY_KILL.search(r.reason) for r in chosen):
+        text += ". " + MEMORY_HINT
+    return text

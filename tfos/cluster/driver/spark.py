@@ -111,7 +111,8 @@ def is_local_master(master: str, resolve=socket.gethostbyname) -> bool:
 
 
 def check_advertised(address: ControlAddress, master: str, resolve=socket.gethostbyname) -> None:
-    """ConfigError if executors of a non-local master would be told a loopback address."""
+    """ConfigError if executors of a non-local master would be told a loopback address (not run
+    when the user named the address: ``TFOS_SERVER_HOST``, e.g. YARN NodeManagers on this machine)."""
     if is_local_master(master, resolve):
         return
     try:
@@ -196,7 +197,8 @@ class ClassicSpark:
 
     def control_address(self, environ: dict) -> ControlAddress:
         address = control_address(self.conf(), environ)
-        check_advertised(address, self.master)
+        if not (environ.get("TFOS_SERVER_HOST") or environ.get("TFOS_ADVERTISE_HOST")):
+            check_advertised(address, self.master)  # an address the user named is theirs to judge
         return address
 
     def enter_job(self, group: str, description: str) -> None:
@@ -228,6 +230,30 @@ class ClassicSpark:
         from pyspark.sql.types import _parse_datatype_string
 
         return _parse_datatype_string(ddl)
+
+    def removed_executors(self) -> list[RemovedExecutor]:
+        """The executors Spark removed, with the reason its cluster manager gave (e.g. YARN's "Container
+        killed by YARN for exceeding physical memory limits"), from the driver's status store."""
+        out = []
+        try:
+            summaries = self.sc._jsc.sc().statusStore().executorList(False)
+            for i in range(summaries.size()):
+                e = summaries.apply(i)
+                reason, when = e.removeReason(), e.removeTime()
+                if reason.isDefined():
+                    out.append(RemovedExecutor(str(e.id()), str(e.hostPort()).rsplit(":", 1)[0], str(reason.get()),
+                                               when.get().getTime() / 1000.0 if when.isDefined() else 0.0))
+        except Exception as e:  # SparkContext internals: an explanation is a bonus, never a new failure
+            logger.debug("could not read Spark's removed executors: %s", e)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RemovedExecutor:
+    executor_id: str
+    host: str
+    reason: str
+    time: float  # epoch seconds
 
 
 class ConnectSpark:
@@ -300,6 +326,9 @@ class ConnectSpark:
     def quiet_console(self) -> None:
         """Nothing to stop: the server's console is not this client's, and the Connect client shows
         progress only through handlers the user registers."""
+
+    def removed_executors(self) -> list[RemovedExecutor]:
+        return []  # a Connect client cannot see the server's executors
 
     def parse_type(self, ddl: str):
         return self.session._parse_ddl(ddl)

@@ -19,7 +19,8 @@ import time
 
 from tfos import topology
 from tfos.cluster.driver import spark as S
-from tfos.cluster.driver.lifecycle import Action, Lifecycle, NodeLoss, Phase, Restart, failure_policy
+from tfos.cluster.driver.lifecycle import (Action, Lifecycle, NodeLoss, Phase, Restart, explain_executor_loss,
+                                          failure_policy)
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
 from tfos.errors import FeedError, NodeFailedError, ReservationTimeoutError, TFOSError, remote_error
@@ -27,6 +28,10 @@ from tfos.topology import InputMode
 from tfos.wire import messages as M
 
 logger = logging.getLogger(__name__)
+
+#: How long a failure whose node saw its executor die waits for Spark to learn why the executor went
+#: (YARN reports a finished container to the ApplicationMaster within a few seconds).
+EXPLAIN_WAIT_SECS = 10.0
 
 
 class Supervisor:
@@ -49,6 +54,7 @@ class Supervisor:
         self.on_release = None  # () -> None: the cluster's reporting, TensorBoard and control service end
         self._failed_before: list = []  # NodeFailures of the attempts that were restarted
         self._main = None  # (main_fun, tf_args, node_hooks), kept for restarts
+        self._attempt_started = time.time()  # when this attempt's barrier stage was submitted
         self._restart_lock = threading.RLock()  # one restart at a time (monitor thread or a waiting call)
         self._restarter: threading.Thread | None = None
         self._reservation: S.SparkJob | None = None
@@ -90,6 +96,7 @@ class Supervisor:
         the error that stopped it, if any."""
         n = len(self.roles)
         attempt = self.config.attempt
+        self._attempt_started = time.time()
         bootstrap = make_bootstrap(self.config, *self._main)
 
         def reservation_ended(job):
@@ -174,11 +181,12 @@ class Supervisor:
         failures = [dataclasses.replace(f, attempt=attempt) for f in reg.snapshot().failures]
         if not failures:  # another thread restarted the cluster meanwhile
             return
+        failures = self._explained(failures)
         action, why = self._decide(failures)
         if action is not Action.RESTART:
             if self.max_restarts > 0:
                 logger.error("tfos cluster %s cannot restart: %s", self.cluster_id, why)
-            self.abort(NodeFailedError(self.every_failure()))
+            self.abort(NodeFailedError(self._failed_before + failures))
             raise self.lifecycle.error
         now = time.time()
         logger.warning("tfos cluster %s: restarting all nodes after the failure of %s (restart %d of %d)",
@@ -212,6 +220,20 @@ class Supervisor:
             raise self.lifecycle.error
         logger.info("tfos cluster %s: attempt %d started: %s", self.cluster_id, attempt + 1,
                     json.dumps(self.cluster_spec))
+
+    def _explained(self, failures: list) -> list:
+        """``failures`` with what Spark knows of their executors' loss (YARN's "Container killed by
+        YARN for exceeding physical memory limits", ...). An executor whose node agent saw it die is
+        reported by the cluster manager moments later: wait up to EXPLAIN_WAIT_SECS for that."""
+        wait = any("executor JVM" in f.reason for f in failures)
+        deadline = time.monotonic() + (EXPLAIN_WAIT_SECS if wait else 0)
+        while True:
+            removed = self.spark.removed_executors()
+            notes = [explain_executor_loss(f.host, f.reason, removed, self._attempt_started) for f in failures]
+            if any(notes) or time.monotonic() >= deadline or self._closing.is_set():
+                break
+            time.sleep(0.5)
+        return [dataclasses.replace(f, reason=f.reason + note) if note else f for f, note in zip(failures, notes)]
 
     def every_failure(self) -> list:
         """The failures of the restarted attempts, then this attempt's."""
@@ -260,7 +282,8 @@ class Supervisor:
         others = [i for i in range(len(self.roles)) if i not in trainers]
         waiting = reg.unfinished(trainers)
         if waiting:
-            logger.info("tfos cluster %s: waiting up to %s for training nodes %s to finish (shutdown(timeout=))",
+            logger.info("tfos cluster %s: waiting up to %s for training nodes %s to finish "
+                        "(cluster.shutdown(timeout=...))",
                         self.cluster_id, "ever" if timeout == float("inf") else f"{timeout:.0f}s", waiting)
         deadline = time.monotonic() + timeout
         while True:

@@ -7,8 +7,14 @@ RDD of predictions), and the predictions are written out.
     python examples/digits/digits_spark.py --remote local-cluster  # over Spark Connect (or sc://host:15002)
     python examples/digits/digits_spark.py --max-restarts 2        # survive node failures: resume from checkpoints
 
-The nodes import digits_tf (its checkpoint helper): under spark-submit on a real cluster, ship it
-with ``--py-files examples/digits/digits_tf.py``.
+    spark-submit --master yarn --deploy-mode cluster --py-files examples/digits/digits_tf.py \
+        examples/digits/digits_spark.py --input hdfs:///user/me/digits.parquet \
+        --checkpoint-dir hdfs:///user/me/ckpt --log-dir hdfs:///user/me/logs --export-dir hdfs:///user/me/model
+
+``--input`` reads the training rows from Parquet (``features array<float>, label long``; written
+there first from scikit-learn's digits when the path does not exist yet). The nodes import
+digits_tf (its checkpoint helper): under spark-submit on a real cluster, ship it with
+``--py-files examples/digits/digits_tf.py``.
 """
 
 from __future__ import annotations
@@ -70,6 +76,11 @@ def main_fun(args, ctx):
                 manager.save(checkpoint_number=int(optimizer.iterations.numpy()))
         print(f"node {ctx.node_index}: trained {steps} steps, {feed.rows_read} rows of this feed", flush=True)
 
+    if getattr(args, "export_dir", None):  # every worker takes part; the chief's copy is kept
+        from tfos import compat
+
+        compat.export_saved_model(model, ctx.absolute_path(args.export_dir), ctx.is_chief)
+
     # Inference: answer every fed row with the predicted class, until the cluster shuts down.
     infer = ctx.get_data_feed(train_mode=False)
     for x, _label in infer.batches(256):
@@ -88,6 +99,20 @@ def load(seed: int = 0):
     return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
 
 
+def read_input(spark, path: str, x, y):
+    """The training DataFrame from Parquet at ``path``, written there first if it does not exist."""
+    from pyspark.sql.utils import AnalysisException
+
+    try:
+        return spark.read.parquet(path)
+    except AnalysisException as e:
+        if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
+            raise
+    spark.createDataFrame([(r.tolist(), int(l)) for r, l in zip(x, y)],
+                          "features array<float>, label long").write.parquet(path)
+    return spark.read.parquet(path)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", choices=("dataframe", "rdd"), default="dataframe")
@@ -98,6 +123,10 @@ def parse_args(argv=None):
     p.add_argument("--output-dir", default=None, help="where predictions are written")
     p.add_argument("--max-restarts", type=int, default=0, help="restart all nodes from the last checkpoint "
                    "after a node failure, up to this many times")
+    p.add_argument("--input", default=None, help="Parquet training rows on any filesystem Spark reads (hdfs://...)")
+    p.add_argument("--checkpoint-dir", default=None, help="default: <log-dir>/checkpoint")
+    p.add_argument("--log-dir", default=None, help="the nodes' ctx.log_dir (default: a temp dir)")
+    p.add_argument("--export-dir", default=None, help="export the trained model (SavedModel) here")
     p.add_argument("--remote", default=None, help="run over Spark Connect: sc://host:15002, or local-cluster for an "
                    "embedded Connect server (DataFrames only: --source dataframe)")
     return p.parse_args(argv)
@@ -116,13 +145,16 @@ def main(argv=None, spark=None) -> float:
     (xtr, ytr), (xte, yte) = load()
     out = args.output_dir or tempfile.mkdtemp(prefix="tfos-digits-preds-")
     path = os.path.join(out, "predictions")
-    if args.source == "dataframe":
+    if args.input:
+        train = read_input(spark, args.input, xtr, ytr).repartition(6)
+    elif args.source == "dataframe":
         train = spark.createDataFrame([(r.tolist(), int(l)) for r, l in zip(xtr, ytr)],
                                       "features array<float>, label long").repartition(6)
     else:
         train = spark.sparkContext.parallelize(list(zip(xtr, ytr.tolist())), 6)
     cluster = TFCluster.run(spark, main_fun, args, args.num_executors, 0, input_mode=InputMode.SPARK,
-                            master_node="chief", max_restarts=args.max_restarts)
+                            master_node="chief", max_restarts=args.max_restarts, log_dir=args.log_dir,
+                            checkpoint_dir=args.checkpoint_dir)
     try:
         cluster.train(train, num_epochs=args.epochs)
         if args.source == "dataframe":

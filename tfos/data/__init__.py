@@ -19,6 +19,8 @@ What is here:
 * **Readers** -- :func:`tfrecord_dataset`, :func:`parquet_dataset`, :func:`csv_dataset` return
   ``tf.data.Dataset`` objects. TensorFlow is imported only inside these functions: importing
   ``tfos.data`` does not import TensorFlow (Spark executors and the driver stay light).
+* **Files** -- :func:`filesystem` gives the pyarrow filesystem and path of any path or URI
+  above, for small files of your own next to the data (a result, a manifest).
 * **Spark DataFrame <-> TFRecord** -- :func:`save_as_tfrecords` writes ``tf.train.Example``
   records (encoded with the protobuf library, no TensorFlow on the executors) and :func:`load_tfrecords`
   reads them back; :func:`encode_example` / :func:`decode_example` are the codec they use.
@@ -47,6 +49,7 @@ package imports neither TensorFlow nor pyspark.
 # driver, the agent or a TF process without loading the readers, numpy or pyarrow.
 _EXPORTS = {
     "example": ("KINDS", "decode_example", "encode_example"),
+    "fs": ("filesystem",),
     "readers": ("csv_dataset", "parquet_dataset", "tfrecord_dataset"),
     "sharding": ("list_files", "list_files_with_sizes", "rank_files", "shard", "shard_by_size"),
     "spark_io": ("load_tfrecords", "save_as_tfrecords"),

@@ -84,6 +84,14 @@ def _resolve(uri) -> tuple:
     return fs, path, (f"{scheme}://{parts.netloc}" if path.startswith("/") else f"{scheme}://")
 
 
+def filesystem(uri) -> tuple:
+    """``(pyarrow.fs.FileSystem, path on it)`` for a plain path or a URI, opened the way
+    ``tfos.data`` opens them: ``hdfs://``/``viewfs://`` through hdfs-native (no JVM), plain paths on
+    the local filesystem. For small files of your own (a result, a manifest) next to the data."""
+    fs, path, _prefix = _resolve(uri)
+    return fs, path
+
+
 def _to_uri(prefix: str, path: str) -> str:
     return prefix + quote(path, safe=_URI_SAFE) if prefix else path
 

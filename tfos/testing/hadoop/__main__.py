@@ -1,4 +1,4 @@
-"""``python -m tfos.testing.hadoop up|down|fetch``: see :mod:`tfos.testing.hadoop`."""
+"""``python -m tfos.testing.hadoop up|down|fetch|yarn|fs``: see :mod:`tfos.testing.hadoop`."""
 
 from __future__ import annotations
 
@@ -12,16 +12,38 @@ from tfos.testing.hadoop import HadoopCluster, HadoopClusterError, fetch
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tfos.testing.hadoop", description="a real Hadoop test cluster (HDFS + YARN)")
-    ap.add_argument("action", choices=("up", "down", "fetch"))
+    ap.add_argument("action", choices=("up", "down", "fetch", "yarn", "fs"))
+    ap.add_argument("args", nargs="*", help="yarn: a YARN client command with its arguments, e.g. "
+                    "logs -applicationId ID, application -kill ID, application -list; fs: FsShell's "
+                    "arguments, e.g. -ls -R /tmp (what 'hdfs dfs' takes)")
     ap.add_argument("--dir", type=Path, help="cluster directory (up, down)")
     ap.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness")
-    ns = ap.parse_args(argv)
+    ns, extra = ap.parse_known_args(argv)  # yarn's own options (-list, -kill) are not ours
+    if extra and ns.action not in ("yarn", "fs"):
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    ns.args += extra
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if ns.action != "fetch" and ns.dir is None:
         ap.error("--dir is required")
     try:
         if ns.action == "fetch":
             print(fetch())
+        elif ns.action == "yarn":  # YARN's own clients, the 'yarn' command of a Hadoop install
+            from tfos.testing.hadoop.yarn import CLIS, cli_args
+
+            if not ns.args or ns.args[0] not in CLIS:
+                ap.error(f"yarn needs one of {sorted(CLIS)} and its arguments")
+            out = HadoopCluster.attach(ns.dir).hadoop_cli(cli_args(ns.args), check=False, timeout=300)
+            sys.stdout.write(out.stdout)
+            sys.stderr.write(out.stderr)
+            return out.returncode
+        elif ns.action == "fs":  # 'hdfs dfs ...' through the cluster's conf
+            from tfos.testing.hadoop.artifacts import FS_SHELL
+
+            out = HadoopCluster.attach(ns.dir).hadoop_cli([FS_SHELL, *ns.args], check=False, timeout=300)
+            sys.stdout.write(out.stdout)
+            sys.stderr.write(out.stderr)
+            return out.returncode
         elif ns.action == "down":  # needs only the pids file
             HadoopCluster(ns.dir).stop()
         else:

@@ -133,6 +133,8 @@ class HadoopCluster:
                 "dfs.namenode.rpc-address": f"{h}:{p['nn_rpc']}",
                 "dfs.namenode.http-address": f"{h}:{p['nn_http']}",
                 "dfs.namenode.safemode.extension": "0", "dfs.heartbeat.interval": "1",
+                # a stopped DataNode is declared dead after 2 x 5 s + 10 x 1 s (Hadoop's default: 10.5 min)
+                "dfs.namenode.heartbeat.recheck-interval": "5000",
                 "dfs.namenode.datanode.registration.ip-hostname-check": "false"}
         yarn = {"yarn.resourcemanager.hostname": h,
                 "yarn.resourcemanager.address": f"{h}:{p['rm']}",
@@ -345,6 +347,45 @@ class HadoopCluster:
         (self.dir / "pids").unlink(missing_ok=True)
         if procs:
             log.info("stopped the Hadoop cluster in %s (%d processes)", self.dir, len(procs))
+
+    def _daemon(self, name: str) -> tuple[str, Path, str | None]:
+        """``(main class, conf dir, host)`` of daemon ``name`` (``namenode``, ``datanode-1``, ...)."""
+        if name in ("namenode", "resourcemanager"):
+            return (NAMENODE if name == "namenode" else RESOURCEMANAGER), self.conf_dir, None
+        kind, _, index = name.rpartition("-")
+        if kind not in ("datanode", "nodemanager") or not index.isdigit() or int(index) >= len(self.workers):
+            raise HadoopClusterError(f"no daemon {name!r} in this cluster")
+        i = int(index)
+        return ((DATANODE if kind == "datanode" else NODEMANAGER), self.dir / "daemons" / f"worker-{i}" / "conf",
+                self.workers[i])
+
+    def stop_daemon(self, name: str, grace: float = 20) -> int:
+        """Stop one daemon (SIGTERM, SIGKILL after ``grace`` s), e.g. a DataNode mid-run; its data
+        stays for :meth:`start_daemon`. Returns the pid it had."""
+        self._daemon(name)
+        pid = self._pids().get(name)
+        if pid is None or not self._owned(pid):
+            raise HadoopClusterError(f"{name} is not running in {self.dir}")
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and self._owned(pid):
+                time.sleep(0.2)
+            if not self._owned(pid):
+                log.info("stopped %s (pid %d)", name, pid)
+                return pid
+        raise HadoopClusterError(f"{name} (pid {pid}) is still alive after SIGKILL")
+
+    def start_daemon(self, name: str) -> None:
+        """Start daemon ``name`` again (after :meth:`stop_daemon`); a no-op if it runs."""
+        main, conf, host = self._daemon(name)
+        pids = self._pids()
+        if name in pids and self._owned(pids[name]):
+            return
+        self._spawn(name, main, conf, pids, host)
 
     def __enter__(self) -> HadoopCluster:
         return self.start()

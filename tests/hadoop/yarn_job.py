@@ -1,0 +1,113 @@
+"""A tfos job the YARN fault tests submit with spark-submit (not a test module itself).
+
+    yarn_job.py restart OUT   InputMode.SPARK: 2 nodes read row ids from the feed, slowly, and
+                              checkpoint a counter to OUT/ckpt (HDFS) every 10 batches; with
+                              max_restarts=1 the job must survive one lost container. At the end
+                              the driver prints which ids the final attempt's nodes read.
+    yarn_job.py forever OUT   InputMode.TENSORFLOW: 2 nodes that run until the application is killed.
+    yarn_job.py memory OUT    InputMode.TENSORFLOW: node 1's TF process grows past its container's
+                              memory limit, so YARN's NodeManager kills the container.
+
+Each node writes OUT/started-<attempt>-<rank> once it runs, which the tests wait for.
+"""
+
+import json
+import logging
+import sys
+import tempfile
+import time
+
+ROWS = 6000
+BATCH = 50
+
+
+def _write(uri_dir, name, payload: bytes):
+    from tfos import data
+
+    fs, path = data.filesystem(uri_dir)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/{name}") as f:
+        f.write(payload)
+
+
+def main_fun(args, ctx):
+    mode, out = args
+    if mode == "forever":
+        _write(out, f"started-{ctx.attempt}-{ctx.rank}", b"")
+        while True:
+            time.sleep(1)
+    if mode == "memory":
+        _write(out, f"started-{ctx.attempt}-{ctx.rank}", b"")
+        if ctx.rank == 1:
+            import numpy as np
+
+            hog = []
+            for _ in range(64):  # 64 x 64 MiB, touched: far over the container's limit
+                hog.append(np.ones(8 << 20))
+                time.sleep(0.05)
+        time.sleep(300)
+        return
+    import tensorflow as tf
+
+    counter = tf.Variable(0, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(counter=counter)
+    save_dir = ctx.checkpoint_dir if ctx.is_chief else tempfile.mkdtemp(prefix="yarn-job-ckpt-")
+    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
+    if tf.train.latest_checkpoint(ctx.checkpoint_dir):
+        ckpt.restore(tf.train.latest_checkpoint(ctx.checkpoint_dir))
+    restored = int(counter.numpy())
+    print(f"rank {ctx.rank} attempt {ctx.attempt}: restored counter {restored}", flush=True)
+    _write(out, f"started-{ctx.attempt}-{ctx.rank}", b"")
+    feed = ctx.get_data_feed(train_mode=True)
+    ids = []
+    for (batch,) in feed.batches(BATCH):
+        ids.extend(int(i) for i in batch)
+        counter.assign_add(len(batch))
+        if len(ids) % (10 * BATCH) == 0:  # every 3 s: the staging mirror uploads files quiet for 1 s
+            manager.save()
+        time.sleep(0.3)  # slow enough (~20 s per node) that the test's kill lands mid-feed
+    _write(out, f"ids-{ctx.attempt}-{ctx.rank}.json",
+           json.dumps({"restored": restored, "ids": ids}).encode())
+
+
+def main():
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    mode, out = sys.argv[1], sys.argv[2]
+    from pyspark.sql import SparkSession
+
+    from tfos import InputMode, TFCluster, data
+
+    spark = SparkSession.builder.appName(f"tfos-yarn-{mode}").getOrCreate()
+    if mode != "restart":
+        cluster = TFCluster.run(spark, main_fun, (mode, out), 2, 0, input_mode=InputMode.TENSORFLOW,
+                                master_node="chief", heartbeat_timeout=20)
+        cluster.shutdown(timeout=600)
+        return
+    cluster = TFCluster.run(spark, main_fun, (mode, out), 2, 0, input_mode=InputMode.SPARK, master_node="chief",
+                            max_restarts=1, checkpoint_dir=f"{out}/ckpt", log_dir=f"{out}/logs")
+    # small chunks: the nodes' feed queues (4 chunks each) hold 200 rows, so the feed lasts as long
+    # as the nodes read, and a container lost mid-read is lost mid-feed
+    cluster.train(spark.range(ROWS, numPartitions=6).rdd.map(lambda r: (r.id,)), num_epochs=1, chunk_rows=BATCH)
+    cluster.shutdown(timeout=300)
+    fs, path = data.filesystem(out)
+    final = max(int(f.base_name.split("-")[1]) for f in fs.get_file_info(data_selector(path))
+                if f.base_name.startswith("ids-"))
+    ids, restored = [], []
+    for rank in (0, 1):
+        with fs.open_input_stream(f"{path}/ids-{final}-{rank}.json") as f:
+            got = json.loads(f.read())
+        ids += got["ids"]
+        restored.append(got["restored"])
+    print(f"RESULT attempt={final} restored={restored} rows={len(ids)} distinct={len(set(ids))} "
+          f"complete={sorted(set(ids)) == list(range(ROWS))}", flush=True)
+    spark.stop()
+
+
+def data_selector(path):
+    from pyarrow import fs as pafs
+
+    return pafs.FileSelector(path)
+
+
+if __name__ == "__main__":
+    main()

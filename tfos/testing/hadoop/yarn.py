@@ -1,0 +1,168 @@
+"""spark-submit to the test cluster's YARN, and YARN's own clients (``yarn logs``, ``yarn
+application``) through its conf: what the Hadoop suite uses to run tfos jobs on YARN the way a
+user does.
+
+The pyspark wheel bundles Spark's YARN client and the Hadoop 3.5 client, so ``HADOOP_CONF_DIR`` is
+all it needs to find the ResourceManager. On one machine the containers reuse this Python and
+Spark's jars where they are (``local:`` URIs), so nothing is uploaded but the application's own
+files; a real cluster ships a packed environment instead (docs/hadoop.md).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from tfos.testing.hadoop.artifacts import YARN_NODE
+from tfos.testing.hadoop.cluster import HadoopCluster, HadoopClusterError
+
+LOGS_CLI = "org.apache.hadoop.yarn.client.cli.LogsCLI"
+APPLICATION_CLI = "org.apache.hadoop.yarn.client.cli.ApplicationCLI"
+CLIS = {"logs": LOGS_CLI, "application": APPLICATION_CLI, "applicationattempt": APPLICATION_CLI,
+        "container": APPLICATION_CLI, "node": YARN_NODE}
+
+
+def cli_args(argv) -> list[str]:
+    """``yarn SUBCOMMAND ARGS`` as a Java main class and its arguments (what Hadoop's ``yarn`` script
+    does: ApplicationCLI also takes the subcommand's name as its first argument)."""
+    sub, *rest = argv
+    if sub not in CLIS:
+        raise HadoopClusterError(f"no YARN client for {sub!r}; one of {sorted(CLIS)}")
+    return [CLIS[sub], *([sub] if CLIS[sub] == APPLICATION_CLI else []), *rest]
+_APP_ID = re.compile(r"application_\d+_\d+")
+
+
+@dataclass
+class Submitted:
+    """A finished spark-submit: its exit code, output and the YARN application id it got."""
+    returncode: int
+    stdout: str
+    stderr: str
+    app_id: str | None
+
+    def describe(self) -> str:
+        """Exit code, application, stdout's tail, then the first lines of stderr naming an error and
+        stderr's tail (spark-submit logs at INFO)."""
+        errors = [line for line in self.stderr.splitlines() if re.search(r"Error|Exception|FAILED|Traceback", line)]
+        return (f"spark-submit exited {self.returncode} (application {self.app_id})\n"
+                f"stdout:\n{self.stdout[-2000:]}\nstderr lines naming an error:\n" + "\n".join(errors[:20])
+                + f"\nstderr:\n{self.stderr[-4000:]}")
+
+
+def pyspark_home() -> str:
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
+
+
+def submit_environment(cluster: HadoopCluster, python: str = sys.executable) -> dict[str, str]:
+    """The environment spark-submit needs for this cluster's YARN, with ``python`` on every side."""
+    home = pyspark_home()
+    archives = [os.path.join(home, "python", "lib", "pyspark.zip")]
+    archives += sorted(glob.glob(os.path.join(home, "python", "lib", "py4j-*-src.zip")))[-1:]
+    env = dict(os.environ)
+    env.update({"HADOOP_CONF_DIR": str(cluster.conf_dir), "SPARK_LOCAL_IP": cluster.host,
+                "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python,
+                "TFOS_SERVER_HOST": cluster.host,  # every NodeManager runs on this machine
+                "PYSPARK_ARCHIVES_PATH": ",".join("local:" + a for a in archives)})
+    env.pop("SPARK_HOME", None)  # the wheel's own Spark, whatever the caller's shell points at
+    return env
+
+
+def submit_command(cluster: HadoopCluster, script: str, args=(), *, deploy_mode: str = "client",
+                   num_executors: int = 2, executor_memory: str = "768m", memory_overhead: str = "1536m",
+                   py_files=(), conf: dict | None = None, python: str = sys.executable) -> list[str]:
+    """``spark-submit --master yarn`` of ``script``. The executor container must hold the JVM, the
+    Python worker, tfos's node agent and the TF process (YARN counts the whole process tree):
+    ``memory_overhead`` is their room."""
+    settings = {"spark.yarn.jars": f"local:{pyspark_home()}/jars/*",
+                "spark.driver.host": cluster.host,
+                "spark.driver.memory": "512m", "spark.yarn.am.memory": "512m",
+                "spark.executor.memoryOverhead": memory_overhead,
+                "spark.executor.cores": "1",
+                "spark.pyspark.python": python, "spark.pyspark.driver.python": python,
+                "spark.yarn.maxAppAttempts": "1",
+                "spark.yarn.appMasterEnv.TFOS_SERVER_HOST": cluster.host,
+                "spark.ui.enabled": "false"}
+    pythonpath = os.environ.get("PYTHONPATH")
+    if pythonpath:  # a source checkout the caller runs from: the containers import the same tfos
+        settings["spark.executorEnv.PYTHONPATH"] = pythonpath
+        settings["spark.yarn.appMasterEnv.PYTHONPATH"] = pythonpath
+    settings.update(conf or {})
+    submit = os.path.join(os.path.dirname(python), "spark-submit")
+    cmd = [submit if os.path.exists(submit) else "spark-submit", "--master", "yarn", "--deploy-mode", deploy_mode,
+           "--num-executors", str(num_executors), "--executor-memory", executor_memory]
+    if py_files:
+        cmd += ["--py-files", ",".join(py_files)]
+    for key, value in settings.items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd + [script, *map(str, args)]
+
+
+def spark_submit(cluster: HadoopCluster, script: str, args=(), *, timeout: float = 600, cwd: str | None = None,
+                 **kw) -> Submitted:
+    """Run :func:`submit_command` to its end (at most ``timeout`` seconds)."""
+    cmd = submit_command(cluster, script, args, **kw)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                             env=submit_environment(cluster, kw.get("python", sys.executable)))
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        app = _APP_ID.search(stderr)
+        if app:
+            kill(cluster, app.group(0), check=False)
+        raise HadoopClusterError(f"spark-submit did not finish within {timeout:.0f}s "
+                                 f"(application {app.group(0) if app else 'unknown'}): {stderr[-3000:]}") from e
+    app = _APP_ID.search(out.stderr) or _APP_ID.search(out.stdout)
+    return Submitted(out.returncode, out.stdout, out.stderr, app.group(0) if app else None)
+
+
+def application_ids(text: str) -> list[str]:
+    return sorted(set(_APP_ID.findall(text)))
+
+
+def logs(cluster: HadoopCluster, app_id: str, *, want=(), timeout: float = 90) -> str:
+    """``yarn logs -applicationId app_id``: every container's aggregated logs. The NodeManagers
+    upload them after the application ends; this waits (up to ``timeout``) until each string in
+    ``want`` appears in them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = cluster.hadoop_cli([LOGS_CLI, "-applicationId", app_id], check=False, timeout=120)
+        text = out.stdout + out.stderr
+        missing = [w for w in want if w not in text]
+        if out.returncode == 0 and not missing:
+            return text
+        if time.monotonic() > deadline:
+            raise HadoopClusterError(f"yarn logs of {app_id} lack {missing or 'nothing'} after {timeout:.0f}s "
+                                     f"(exit {out.returncode}): {text[-3000:]}")
+        time.sleep(2)
+
+
+def application_report(cluster: HadoopCluster, app_id: str) -> dict:
+    """The ResourceManager's view of ``app_id`` (REST: state, finalStatus, diagnostics)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{cluster.rm_webapp_address}/ws/v1/cluster/apps/{app_id}", timeout=10) as r:
+        return json.load(r)["app"]
+
+
+def running_applications(cluster: HadoopCluster) -> list[str]:
+    """Ids of the applications the ResourceManager has RUNNING, oldest first."""
+    import json
+    import urllib.request
+
+    url = f"http://{cluster.rm_webapp_address}/ws/v1/cluster/apps?states=RUNNING"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        apps = (json.load(r).get("apps") or {}).get("app") or []
+    return sorted(a["id"] for a in apps)
+
+
+def kill(cluster: HadoopCluster, app_id: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``yarn application -kill app_id``."""
+    return cluster.hadoop_cli(cli_args(["application", "-kill", app_id]), check=check, timeout=120)

@@ -144,7 +144,9 @@ def main_fun(args, ctx):
     print("chief:", result, flush=True)
 
 
-def main(argv=None) -> dict:
+def main(argv=None, spark=None) -> dict:
+    """Run the example; on ``spark`` (a SparkSession with 3 executor slots) when given, else on an
+    embedded local-cluster[3,1,1024] of its own."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--epochs", type=int, default=10)
@@ -162,7 +164,9 @@ def main(argv=None) -> dict:
     args.data_dir = os.path.join(base, "data")
     args.output_dir = os.path.abspath(args.output_dir or os.path.join(base, "out"))
     args.train_rows = digits_tf.prepare_shards(args.data_dir)["train_rows"]
-    spark = local_cluster_session(3, app_name="tfos-digits-ps")
+    own_session = spark is None
+    if own_session:
+        spark = local_cluster_session(3, app_name="tfos-digits-ps")
     mode = InputMode.SPARK if args.input == "spark" else InputMode.TENSORFLOW
     cluster = TFCluster.reserve(spark.sparkContext, 3, num_ps=1, backend="ps", input_mode=mode)
     cluster.start(fit_main_fun if args.keras_fit else main_fun, args)
@@ -173,7 +177,8 @@ def main(argv=None) -> dict:
                 for r in np.loadtxt(f, delimiter=",", ndmin=2)]
         cluster.train(spark.sparkContext.parallelize(rows, 4), num_epochs=args.epochs)
     cluster.shutdown(timeout=600)
-    spark.stop()
+    if own_session:
+        spark.stop()
     with open(os.path.join(args.output_dir, "result.json")) as f:
         result = json.load(f)
     print(f"digits (parameter servers): test accuracy {result['accuracy']:.4f}; steps scheduled "

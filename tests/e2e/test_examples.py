@@ -147,20 +147,28 @@ def test_digits_example_on_a_standalone_cluster(tmp_path):
             processes.terminate(p, 5.0, "spark daemon")
 
 
+PS_VARIANTS = [["--input", "files"], ["--input", "spark"], ["--keras-fit"]]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [["--input", "files"], ["--input", "spark"], ["--keras-fit"]])
-def test_parameter_server_example_trains_and_counts_steps(flags):
-    """ps + chief + worker need 3 executors: the example runs its own local-cluster[3,1,1024].
+def test_parameter_server_example_trains_and_counts_steps():
+    """ps + chief + worker need 3 executors, so the three variants share one local-cluster[3,1,1024]
+    application of their own (a subprocess: this one already has the suite's SparkContext):
     InputMode.TENSORFLOW (per-worker file shards), InputMode.SPARK (fed to the chief), and tf_keras
     model.fit with a DatasetCreator."""
-    root = ROOT
-    out = subprocess.run([sys.executable, os.path.join(root, "examples", "digits", "digits_ps.py"), "--epochs", "2"]
-                         + flags,
-                         capture_output=True, text=True, timeout=600, cwd=root)
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import digits_ps\n"
+              "from tfos.testing import local_cluster_session\n"
+              "spark = local_cluster_session(3, app_name='tfos-digits-ps')\n"
+              f"for flags in {PS_VARIANTS!r}:\n"
+              "    print('variant', flags, flush=True); digits_ps.main(['--epochs', '2'] + flags, spark=spark)\n"
+              "spark.stop()\n")
+    out = subprocess.run([sys.executable, "-c", script, os.path.join(ROOT, "examples", "digits")],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    m = re.search(r"test accuracy ([\d.]+); steps scheduled (\d+), counted on the ps (\d+)", out.stdout)
-    assert m, out.stdout[-2000:]
-    assert m.group(2) == m.group(3)  # no step lost
+    found = re.findall(r"test accuracy ([\d.]+); steps scheduled (\d+), counted on the ps (\d+)", out.stdout)
+    assert len(found) == len(PS_VARIANTS), out.stdout[-3000:]
+    for _acc, scheduled, counted in found:
+        assert scheduled == counted  # no step lost
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import time
 from types import SimpleNamespace
@@ -108,6 +109,8 @@ def test_tf_process_killed_with_sigkill_fails_the_cluster(tfos_cluster):
         cluster.shutdown()
     assert time.monotonic() - t0 < 30
     assert exc.value.failures[0].node_index == 1 and exc.value.failures[0].exit_code == -9
+    # a SIGKILL nobody in tfos sent: named a likely OOM kill, with the memory the agent saw
+    assert re.search(r"likely by the kernel's OOM killer \(peak RSS \d+ MB\)", str(exc.value)), str(exc.value)
 
 
 def test_killed_agent_takes_its_tf_process_down_and_driver_notices(tfos_cluster):

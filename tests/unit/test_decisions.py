@@ -417,34 +417,3 @@ def test_failure_policy_losing_a_node(job, survivable, peers, started, max_resta
                        running=True, survivable_jobs=survivable, peers_running=peers, all_started=started)
     assert d.action is Action[action]
 
-
-def _removed(executor_id, host, reason, t=100.0):
-    from tfos.cluster.driver.spark import RemovedExecutor
-
-    return RemovedExecutor(executor_id, host, reason, t)
-
-
-YARN_PMEM = ("Container killed by YARN for exceeding physical memory limits. 2.4 GB of 2.2 GB physical memory "
-             "used. Consider boosting spark.executor.memoryOverhead.")
-
-
-@pytest.mark.parametrize("reason,removed,expect", [
-    ("the TF process raised an exception", [_removed("2", "h1", YARN_PMEM)], []),   # not a loss: nothing to add
-    ("TF process exited with code -15 (killed by signal 15); the node agent stopped it: the executor JVM (pid 7) "
-     "is gone", [_removed("2", "h1", YARN_PMEM)], ["executor 2 on h1", "exceeding physical memory",
-                                                   "raise spark.executor.memoryOverhead"]),
-    ("lost contact with the node agent", [_removed("3", "h2", "Executor heartbeat timed out"),
-                                          _removed("2", "h1", "Command exited with code 1")],
-     ["executor 2 on h1: Command exited with code 1", "!h2", "!memoryOverhead"]),  # the node's host only
-    ("lost contact with the node agent", [_removed("3", "h2", "OOMKilled")], ["executor 3 on h2", "memoryOverhead"]),
-    ("lost contact with the node agent", [_removed("2", "h1", YARN_PMEM, t=10.0)], []),  # before this attempt
-    ("lost contact with the node agent", [], []),
-])
-def test_an_executor_loss_explains_a_node_failure(reason, removed, expect):
-    from tfos.cluster.driver.lifecycle import explain_executor_loss
-
-    text = explain_executor_loss("h1", reason, removed, since=50.0)
-    if not expect:
-        assert text == ""
-    for e in expect:
-        assert (e[1:] not in text) if e.startswith("!") else (e in text), text

@@ -276,6 +276,7 @@ class NodeExited:  # agent -> driver
     stopped_by_driver: bool = False
     reason: str = ""  # why the agent stopped the TF process on its own (JVM gone, driver lost, signal)
     retryable: bool = True  # False: main_fun raised NonRetryable/ConfigError (a restart would not help)
+    peak_rss_mb: int = 0  # the TF process's peak resident memory as the agent last saw it (0: unknown)
 
 
 @message

@@ -140,8 +140,9 @@ class NodeAgent:
         finally:
             code = self.stop_tf_process()
         code = -9 if code is None else code
+        peak_rss_mb = processes.children_peak_rss_mb()  # the TF process's: the reaper waited for it
         logger.info("TF process of node %d exited with code %s (%s)", cfg.node_index, code, why or "finished")
-        self.report_exit(code, why == "driver", "" if why in ("", "driver") else why)
+        self.report_exit(code, why == "driver", "" if why in ("", "driver") else why, peak_rss_mb)
         if code == 0 or why == "driver":  # a failed node keeps its directory (logs) for debugging
             logging.shutdown()
             private.remove_tree(cfg.node_dir)
@@ -181,7 +182,7 @@ class NodeAgent:
                     return f"{DRIVER_LOST} for {c.heartbeat_timeout:.0f}s"
             self.stop_event.wait(c.heartbeat_interval)
 
-    def report_exit(self, code: int, stopped_by_driver: bool, reason: str = "") -> None:
+    def report_exit(self, code: int, stopped_by_driver: bool, reason: str = "", peak_rss_mb: int = 0) -> None:
         """Tell the driver how the TF process ended: retried for REPORT_EXIT_SECS, or tried once
         briefly when the driver was already lost (the agent must not linger for a dead driver)."""
         try:
@@ -197,7 +198,7 @@ class NodeAgent:
             attempt += 1
             try:
                 self.driver.node_exited(code, tb, processes.tail(self.log_path, 40), self.log_path,
-                                        stopped_by_driver, reason, retryable=retryable,
+                                        stopped_by_driver, reason, retryable=retryable, peak_rss_mb=peak_rss_mb,
                                         timeout=max(0.5, min(10.0, deadline - time.monotonic())))
                 return
             except (TFOSError, OSError) as e:

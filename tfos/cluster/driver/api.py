@@ -24,7 +24,7 @@ from tfos.cluster.driver.lifecycle import Phase
 from tfos.cluster.driver.progress import quiet_py4j
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.service import listen
-from tfos.cluster.driver.settings import cluster_config, seconds as _seconds, validate_reserve
+from tfos.cluster.driver.settings import check_picklable, cluster_config, seconds as _seconds, validate_reserve
 from tfos.cluster.driver.supervisor import Supervisor
 from tfos.errors import ClusterStateError, ConfigError, NodeFailedError, TFOSError
 from tfos.feed.driver.jobs import FeedJobs
@@ -237,6 +237,7 @@ class TFCluster:
         self.lifecycle.require(Phase.RESERVED, "start")
         if not callable(main_fun):
             raise ConfigError(f"main_fun must be callable, got {main_fun!r}")
+        check_picklable(main_fun, tf_args)
         try:
             input_mode = InputMode(self._default_input_mode if input_mode is None else input_mode)
         except ValueError:

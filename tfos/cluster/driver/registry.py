@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,24 @@ class Snapshot:
     def ended_ok(self, i: int) -> bool:
         """Node ``i`` exited with code 0."""
         return self.exited[i] is not None and self.exited[i].exit_code == 0
+
+
+def exit_reason(exit_code: int, raised: bool, agent_reason: str = "", peak_rss_mb: int = 0) -> str:
+    """Pure: why a node's TF process ended, as the driver says it. A SIGKILL the node agent did not
+    send is most often the kernel's OOM killer: say so, with the peak memory the agent saw."""
+    if raised:
+        reason = "the TF process raised an exception"
+    else:
+        reason = f"TF process exited with code {exit_code}"
+        if exit_code < 0:
+            reason += f" (killed by signal {-exit_code})"
+        if exit_code == -signal.SIGKILL and not agent_reason:
+            reason += (", likely by the kernel's OOM killer" + (f" (peak RSS {peak_rss_mb} MB)" if peak_rss_mb else "")
+                       + ": give the node more memory (spark.executor.memoryOverhead, or fewer nodes per host) "
+                       "or make main_fun use less; the host's kernel log (dmesg) names the OOM kill")
+    if agent_reason:
+        reason += f"; the node agent stopped it: {agent_reason}"
+    return reason
 
 
 class NodeRegistry:
@@ -179,11 +198,7 @@ class NodeRegistry:
     def exit_failure(self, i: int) -> NodeFailure:
         """The failure that node ``i``'s exit report describes. Caller holds the condition."""
         n, msg = self.nodes[i], self.nodes[i].exited
-        reason = ("the TF process raised an exception" if msg.traceback else
-                  f"TF process exited with code {msg.exit_code}" +
-                  (f" (killed by signal {-msg.exit_code})" if msg.exit_code < 0 else ""))
-        if msg.reason:
-            reason += f"; the node agent stopped it: {msg.reason}"
+        reason = exit_reason(msg.exit_code, bool(msg.traceback), msg.reason, msg.peak_rss_mb)
         return NodeFailure(i, n.job_name, n.task_index, self.host_of(i), reason, msg.exit_code, msg.traceback,
                            msg.log_tail, msg.log_path, retryable=msg.retryable)
 

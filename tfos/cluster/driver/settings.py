@@ -66,3 +66,57 @@ def cluster_config(address, roles, reservation_timeout, log_dir, default_fs, num
         timeline=bool(timeline), report_interval=seconds("report_interval", report_interval),
         metric_history=bool(metric_history),
         checkpoint_dir=checkpoint_dir or log_dir.rstrip("/") + "/checkpoint")
+
+
+def check_picklable(main_fun, tf_args) -> None:
+    """ConfigError, on the driver and before any Spark job, if ``main_fun`` or ``tf_args`` cannot be
+    pickled to go to the executors (a SparkContext, a lock, an open file ...), naming the part that
+    cannot: e.g. "args.spark (pyspark.sql.session.SparkSession)"."""
+    from pyspark import cloudpickle
+
+    for name, obj in (("main_fun", main_fun), ("args", tf_args)):
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as e:
+            part = _unpicklable_part(obj, name, cloudpickle.dumps) or name
+            raise ConfigError(f"{part} cannot be pickled to send it to the executors "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Pass "
+                              "what it needs to build it on the executor instead (a path, a config dict), "
+                              "and create SparkContexts, sessions, locks or open files inside main_fun") from None
+
+
+def _unpicklable_part(obj, name: str, dumps, depth: int = 3) -> str | None:
+    """The deepest named part of ``obj`` that ``dumps`` refuses (pure given ``dumps``): a function's
+    closure variables and the globals it uses, a mapping's values, an object's attributes, a
+    sequence's items; None if every part pickles on its own."""
+    def fails(x) -> bool:
+        try:
+            dumps(x)
+            return False
+        except Exception:
+            return True
+
+    if depth == 0 or not fails(obj):
+        return None
+    parts: list[tuple[str, object]] = []
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        cells = getattr(obj, "__closure__", None) or ()
+        for var, cell in zip(code.co_freevars, cells):
+            try:
+                parts.append((f"{name}'s closure variable {var!r}", cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+        module_globals = getattr(obj, "__globals__", {})
+        parts += [(f"{name}'s global {g!r}", module_globals[g]) for g in code.co_names if g in module_globals]
+    elif isinstance(obj, dict):
+        parts = [(f"{name}[{k!r}]", v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        parts = [(f"{name}[{i}]", v) for i, v in enumerate(obj)]
+    elif hasattr(obj, "__dict__"):
+        parts = [(f"{name}.{k}", v) for k, v in vars(obj).items()]
+    for part_name, part in parts:
+        if fails(part):
+            deeper = _unpicklable_part(part, part_name, dumps, depth - 1)
+            return deeper or f"{part_name} ({type(part).__module__}.{type(part).__qualname__})"
+    return f"{name} ({type(obj).__module__}.{type(obj).__qualname__})"

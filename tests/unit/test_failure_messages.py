@@ -1,0 +1,118 @@
+"""Failures that name their cause: what the driver adds to a node failure from Spark's view of the
+executor it lost, and arguments that cannot reach the executors, refused on the driver."""
+
+import argparse
+import threading
+
+import pytest
+
+from tfos.errors import ConfigError
+
+
+def _removed(executor_id, host, reason, t=100.0):
+    from tfos.cluster.driver.spark import RemovedExecutor
+
+    return RemovedExecutor(executor_id, host, reason, t)
+
+
+YARN_PMEM = ("Container killed by YARN for exceeding physical memory limits. 2.4 GB of 2.2 GB physical memory "
+             "used. Consider boosting spark.executor.memoryOverhead.")
+
+
+@pytest.mark.parametrize("reason,removed,expect", [
+    ("the TF process raised an exception", [_removed("2", "h1", YARN_PMEM)], []),   # not a loss: nothing to add
+    ("TF process exited with code -15 (killed by signal 15); the node agent stopped it: the executor JVM (pid 7) "
+     "is gone", [_removed("2", "h1", YARN_PMEM)], ["executor 2 on h1", "exceeding physical memory",
+                                                   "raise spark.executor.memoryOverhead"]),
+    ("lost contact with the node agent", [_removed("3", "h2", "Executor heartbeat timed out"),
+                                          _removed("2", "h1", "Command exited with code 1")],
+     ["executor 2 on h1: Command exited with code 1", "!h2", "!memoryOverhead"]),  # the node's host only
+    ("lost contact with the node agent", [_removed("3", "h2", "OOMKilled")], ["executor 3 on h2", "memoryOverhead"]),
+    ("lost contact with the node agent", [_removed("2", "h1", YARN_PMEM, t=10.0)], []),  # before this attempt
+    ("lost contact with the node agent", [], []),
+])
+def test_an_executor_loss_explains_a_node_failure(reason, removed, expect):
+    from tfos.cluster.driver.lifecycle import explain_executor_loss
+
+    text = explain_executor_loss("h1", reason, removed, since=50.0)
+    if not expect:
+        assert text == ""
+    for e in expect:
+        assert (e[1:] not in text) if e.startswith("!") else (e in text), text
+
+
+
+def _fine(args, ctx):
+    return args
+
+
+def _notebook_main_fun():
+    """A main_fun as a notebook defines it (module __main__, pickled by value with its globals),
+    using a lock the notebook made."""
+    ns = {"__name__": "__main__"}
+    exec("import threading\nLOCK = threading.Lock()\ndef main_fun(args, ctx):\n    with LOCK:\n        return args\n",
+         ns)
+    return ns["main_fun"]
+
+
+def _closure_main_fun():
+    lock = threading.Lock()
+
+    def main_fun(args, ctx):
+        with lock:
+            return args
+    return main_fun
+
+
+class _SparkContextLike:
+    def __reduce__(self):
+        raise RuntimeError("It appears that you are attempting to reference SparkContext from a broadcast variable")
+
+
+@pytest.mark.parametrize("main_fun,args,named", [
+    (_fine, {"lr": 0.1}, None),
+    (_notebook_main_fun(), None, "main_fun's global 'LOCK' (_thread.lock)"),
+    (_closure_main_fun(), None, "main_fun's closure variable 'lock' (_thread.lock)"),
+    (_fine, argparse.Namespace(epochs=2, sc=_SparkContextLike()), "args.sc (test_failure_messages._SparkContextLike)"),
+    (_fine, {"opts": {"pool": [1, threading.RLock()]}}, "args['opts']['pool'][1] (_thread.RLock)"),
+])
+def test_what_cannot_reach_the_executors_is_named_on_the_driver(main_fun, args, named):
+    from tfos.cluster.driver.settings import check_picklable
+
+    if named is None:
+        check_picklable(main_fun, args)
+        return
+    with pytest.raises(ConfigError) as info:
+        check_picklable(main_fun, args)
+    assert str(info.value).startswith(named + " cannot be pickled"), str(info.value)
+    assert "inside main_fun" in str(info.value)
+
+
+@pytest.mark.parametrize("code,raised,agent_reason,peak,expect", [
+    (1, False, "", 0, ["TF process exited with code 1", "!OOM"]),
+    (3, True, "", 0, ["the TF process raised an exception", "!OOM"]),
+    (-9, False, "", 2300, ["killed by signal 9", "likely by the kernel's OOM killer (peak RSS 2300 MB)",
+                           "spark.executor.memoryOverhead", "dmesg"]),
+    (-9, False, "", 0, ["likely by the kernel's OOM killer:", "!peak RSS"]),
+    (-9, False, "the executor JVM (pid 7) is gone", 900, ["!OOM", "the node agent stopped it: the executor JVM"]),
+    (-15, False, "", 900, ["killed by signal 15", "!OOM"]),
+])
+def test_a_tf_process_killed_by_sigkill_is_named_a_likely_oom_kill(code, raised, agent_reason, peak, expect):
+    from tfos.cluster.driver.registry import exit_reason
+
+    text = exit_reason(code, raised, agent_reason, peak)
+    for e in expect:
+        assert (e[1:] not in text) if e.startswith("!") else (e in text), text
+
+
+
+def test_the_peak_memory_of_a_waited_for_grandchild_is_seen():
+    """The agent's view: its child (the reaper) waited for the TF process, which used ~200 MB."""
+    import subprocess
+    import sys
+
+    from tfos.host import processes
+
+    grandchild = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'x = bytearray(200 << 20)'])"
+    subprocess.run([sys.executable, "-c", grandchild], check=True)
+    assert processes.children_peak_rss_mb() >= 200

@@ -15,8 +15,9 @@ trap 'hadoop down --dir "$DIR"' EXIT
 export HADOOP_CONF_DIR="$DIR/conf"
 SP="$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
 PY4J="$(ls "$SP"/python/lib/py4j-*-src.zip | tail -1)"
-# every NodeManager runs on this machine: the driver may be reached on the loopback address
-export PYSPARK_PYTHON="$(command -v python)" SPARK_LOCAL_IP=127.0.0.1 TFOS_SERVER_HOST=127.0.0.1
+# the containers reach tfos's control service at this machine's own (non-loopback) address
+HOST_IP="$(python -c 'from tfos.testing.hadoop.yarn import host_address; print(host_address())')"
+export PYSPARK_PYTHON="$(command -v python)" SPARK_LOCAL_IP=127.0.0.1 TFOS_SERVER_HOST="$HOST_IP"
 export PYSPARK_ARCHIVES_PATH="local:$SP/python/lib/pyspark.zip,local:$PY4J"
 spark-submit --master yarn --deploy-mode client --num-executors 2 --executor-memory 768m \
   --conf spark.executor.memoryOverhead=1536m --conf spark.executor.cores=1 \

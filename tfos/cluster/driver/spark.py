@@ -111,8 +111,7 @@ def is_local_master(master: str, resolve=socket.gethostbyname) -> bool:
 
 
 def check_advertised(address: ControlAddress, master: str, resolve=socket.gethostbyname) -> None:
-    """ConfigError if executors of a non-local master would be told a loopback address (not run
-    when the user named the address: ``TFOS_SERVER_HOST``, e.g. YARN NodeManagers on this machine)."""
+    """ConfigError if executors of a non-local master would be told a loopback address."""
     if is_local_master(master, resolve):
         return
     try:
@@ -197,8 +196,7 @@ class ClassicSpark:
 
     def control_address(self, environ: dict) -> ControlAddress:
         address = control_address(self.conf(), environ)
-        if not (environ.get("TFOS_SERVER_HOST") or environ.get("TFOS_ADVERTISE_HOST")):
-            check_advertised(address, self.master)  # an address the user named is theirs to judge
+        check_advertised(address, self.master)
         return address
 
     def enter_job(self, group: str, description: str) -> None:

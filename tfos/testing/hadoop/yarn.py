@@ -60,6 +60,27 @@ def pyspark_home() -> str:
     return os.path.dirname(pyspark.__file__)
 
 
+def host_address() -> str:
+    """This machine's first global IPv4 address outside the multi-host harness's test subnet: what
+    the YARN containers (on this machine) are told to reach the driver's control service at.
+    tfos refuses a loopback address for a non-local master such as ``yarn``, rightly: on a real
+    cluster the executors run elsewhere. Falls back to 127.0.0.1."""
+    import ipaddress
+
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "127.0.0.1"
+    harness = ipaddress.ip_network("198.51.100.0/24")
+    for word in out.split():
+        if "/" in word and word[0].isdigit():
+            address = ipaddress.ip_interface(word).ip
+            if address not in harness:
+                return str(address)
+    return "127.0.0.1"
+
+
 def submit_environment(cluster: HadoopCluster, python: str = sys.executable) -> dict[str, str]:
     """The environment spark-submit needs for this cluster's YARN, with ``python`` on every side."""
     home = pyspark_home()
@@ -68,7 +89,7 @@ def submit_environment(cluster: HadoopCluster, python: str = sys.executable) -> 
     env = dict(os.environ)
     env.update({"HADOOP_CONF_DIR": str(cluster.conf_dir), "SPARK_LOCAL_IP": cluster.host,
                 "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python,
-                "TFOS_SERVER_HOST": cluster.host,  # every NodeManager runs on this machine
+                "TFOS_SERVER_HOST": host_address(),  # every NodeManager runs on this machine
                 "PYSPARK_ARCHIVES_PATH": ",".join("local:" + a for a in archives)})
     env.pop("SPARK_HOME", None)  # the wheel's own Spark, whatever the caller's shell points at
     return env
@@ -87,7 +108,7 @@ def submit_command(cluster: HadoopCluster, script: str, args=(), *, deploy_mode:
                 "spark.executor.cores": "1",
                 "spark.pyspark.python": python, "spark.pyspark.driver.python": python,
                 "spark.yarn.maxAppAttempts": "1",
-                "spark.yarn.appMasterEnv.TFOS_SERVER_HOST": cluster.host,
+                "spark.yarn.appMasterEnv.TFOS_SERVER_HOST": host_address(),
                 "spark.ui.enabled": "false"}
     pythonpath = os.environ.get("PYTHONPATH")
     if pythonpath:  # a source checkout the caller runs from: the containers import the same tfos

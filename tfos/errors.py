@@ -105,7 +105,8 @@ class NodeFailedError(TFOSError):
 
 
 def format_failures(failures) -> str:
-    """Render node failures; identical tracebacks from several nodes are grouped."""
+    """Render node failures in order, the first cause first (the driver orders them); identical
+    tracebacks from several nodes are grouped, and each later group begins with "then"."""
     groups: dict[str, list] = {}
     for f in failures:
         groups.setdefault(f.traceback or f.reason, []).append(f)
@@ -114,7 +115,7 @@ def format_failures(failures) -> str:
         head = ", ".join(f"node {f.node_index} ({f.job_name}:{f.task_index} on {f.host}"
                          + (f", attempt {f.attempt}" if f.attempt else "") + ")" for f in group)
         f = group[0]
-        text = [f"[{head}] {f.reason}"]
+        text = [("then " if parts else "") + f"[{head}] {f.reason}"]
         if f.traceback:
             text.append("Remote traceback:\n" + f.traceback.rstrip())
         if f.log_tail:

@@ -210,3 +210,28 @@ def test_tensorflow_is_imported_during_the_rendezvous_unless_turned_off(tfos_clu
     cluster.shutdown(timeout=120)
     for i in range(2):
         assert json.loads((tmp_path / f"modules-{i}.json").read_text())["tensorflow"] is preimport
+
+
+def raise_after_one_allreduce(args, ctx):
+    import tensorflow as tf
+
+    strategy = ctx.strategy()
+
+    def all_reduce():
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+    all_reduce()
+    if ctx.rank == 1:
+        raise ValueError("rank 1's own error, after one all-reduce")
+    for _ in range(10000):  # rank 0 waits for rank 1 in the next all-reduce, until TF or tfos ends it
+        all_reduce()
+
+
+def test_the_node_that_failed_first_leads_the_error_with_its_own_exception(tfos_cluster):
+    cluster = tfos_cluster(2, 0, stop_grace_secs=2)
+    cluster.start(raise_after_one_allreduce, None)
+    with pytest.raises(NodeFailedError) as exc:
+        cluster.shutdown(timeout=120)
+    text = str(exc.value)
+    assert text.startswith("[node 1 "), text[:2000]
+    assert "rank 1's own error, after one all-reduce" in text.split("\nthen ")[0], text[:2000]

@@ -116,3 +116,30 @@ def test_the_peak_memory_of_a_waited_for_grandchild_is_seen():
     grandchild = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'x = bytearray(200 << 20)'])"
     subprocess.run([sys.executable, "-c", grandchild], check=True)
     assert processes.children_peak_rss_mb() >= 200
+
+
+def _failure(node, reason, tb=""):
+    from tfos.errors import NodeFailure
+
+    return NodeFailure(node, "worker", node, "h", reason, 1, tb)
+
+
+COLLECTIVE = ("tensorflow.python.framework.errors_impl.UnavailableError: Collective ops is aborted by: "
+              "task /job:worker/replica:0/task:2 stopped sending heartbeats")
+
+
+@pytest.mark.parametrize("arrived,expected", [
+    ([(0, COLLECTIVE), (2, "ValueError: rank 2's own bug"), (1, COLLECTIVE)], [2, 0, 1]),  # own error leads
+    ([(1, "ValueError: a"), (0, "KeyError: b")], [1, 0]),          # two own errors: in arrival order
+    ([(0, "RuntimeError: Gloo all-reduce: Connection reset by peer"), (1, "killed by signal 9")], [1, 0]),
+    ([(0, COLLECTIVE)], [0]),                                      # nothing better is known: it still shows
+])
+def test_the_first_cause_leads_and_the_rest_follow_as_then(arrived, expected):
+    from tfos.cluster.driver.lifecycle import first_cause_first
+    from tfos.errors import NodeFailedError
+
+    ordered = first_cause_first([_failure(n, "TF process exited with code 1", tb) for n, tb in arrived])
+    assert [f.node_index for f in ordered] == expected
+    text = str(NodeFailedError(ordered))
+    assert text.startswith(f"[node {expected[0]} ")
+    assert text.count("\nthen [node ") == len({f.traceback for f in ordered}) - 1

@@ -172,3 +172,15 @@ def explain_executor_loss(host: str, reason: str, removed, since: float) -> str:
     if any(MEMORY_KILL.search(r.reason) for r in chosen):
         text += ". " + MEMORY_HINT
     return text
+
+
+#: Errors a node raises because a peer failed first: an aborted collective, a closed connection.
+SECONDARY_FAILURE = re.compile(r"CollectiveError|Collective ops is aborted|UnavailableError|tasks are unhealthy|"
+                               r"CancelledError|Socket closed|Connection reset|Broken pipe|connection refused|"
+                               r"peer (?:died|closed|is gone)|stopped sending heartbeats", re.I)
+
+
+def first_cause_first(failures) -> list:
+    """Pure: ``failures`` with the nodes that failed on their own first, then those whose error
+    says a peer failed (an aborted collective, a closed socket); otherwise in the order given."""
+    return sorted(failures, key=lambda f: bool(SECONDARY_FAILURE.search(f.traceback or f.reason or "")))

@@ -20,7 +20,7 @@ import time
 from tfos import topology
 from tfos.cluster.driver import spark as S
 from tfos.cluster.driver.lifecycle import (Action, Lifecycle, NodeLoss, Phase, Restart, explain_executor_loss,
-                                          failure_policy)
+                                          failure_policy, first_cause_first)
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
 from tfos.errors import FeedError, NodeFailedError, ReservationTimeoutError, TFOSError, remote_error
@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 #: How long a failure whose node saw its executor die waits for Spark to learn why the executor went
 #: (YARN reports a finished container to the ApplicationMaster within a few seconds).
 EXPLAIN_WAIT_SECS = 10.0
+
+#: How long a failing cluster waits for the other nodes' exit reports, so that the node whose own
+#: error started the failure leads the driver's error even when it reports last.
+FIRST_CAUSE_WAIT_SECS = 3.0
 
 
 class Supervisor:
@@ -186,7 +190,7 @@ class Supervisor:
         if action is not Action.RESTART:
             if self.max_restarts > 0:
                 logger.error("tfos cluster %s cannot restart: %s", self.cluster_id, why)
-            self.abort(NodeFailedError(self._failed_before + failures))
+            self.abort(NodeFailedError(self._failed_before + self._with_first_cause(failures)))
             raise self.lifecycle.error
         now = time.time()
         logger.warning("tfos cluster %s: restarting all nodes after the failure of %s (restart %d of %d)",
@@ -234,6 +238,17 @@ class Supervisor:
                 break
             time.sleep(0.5)
         return [dataclasses.replace(f, reason=f.reason + note) if note else f for f, note in zip(failures, notes)]
+
+    def _with_first_cause(self, failures: list) -> list:
+        """``failures`` and the nodes that failed on their own meanwhile, the first cause first.
+        The node whose own error started it may report after a peer whose collective it aborted:
+        wait up to FIRST_CAUSE_WAIT_SECS for the other nodes' exit reports."""
+        reg, attempt = self.registry, self.config.attempt
+        started = reg.started(range(len(self.roles)))
+        reg.wait_until(lambda snap: not snap.unfinished(started), FIRST_CAUSE_WAIT_SECS)
+        known = {f.node_index for f in failures}
+        more = [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own() if f.node_index not in known]
+        return first_cause_first(failures + more)
 
     def every_failure(self) -> list:
         """The failures of the restarted attempts, then this attempt's."""

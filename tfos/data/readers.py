@@ -57,14 +57,15 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
         ds = tf.data.TFRecordDataset(tf.constant(names, dtype=tf.string), compression_type=compression,
                                      buffer_size=buffer_size, num_parallel_reads=num_parallel_reads)
     else:
-        def records():
-            chunk = []
+        def records():  # to TF in chunks of ~1 MB or 1024 records: one Python -> TF crossing per chunk
+            chunk, size = [], 0
             for f in files:
                 for record in _iter_file_records(f, compression, verify_checksums):
                     chunk.append(record)
-                    if len(chunk) == 256:
+                    size += len(record)
+                    if len(chunk) == 1024 or size >= 1 << 20:
                         yield np.array(chunk, dtype=object)
-                        chunk = []
+                        chunk, size = [], 0
             if chunk:
                 yield np.array(chunk, dtype=object)
 

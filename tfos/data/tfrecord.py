@@ -35,46 +35,48 @@ def tfrecord_frame(record: bytes) -> bytes:
     return header + struct.pack("<I", _masked_crc(header)) + record + struct.pack("<I", _masked_crc(record))
 
 
-def _read_exact(stream, n: int, what: str) -> bytes:
-    parts = []
-    left = n
-    while left:
-        chunk = stream.read(left)
-        if not chunk:
-            break
-        parts.append(bytes(chunk))
-        left -= len(chunk)
-    data = b"".join(parts)
-    if len(data) != n and (data or what != "header"):
-        raise FeedError(f"truncated TFRecord {what}: expected {n} bytes, got {len(data)}; the file is "
-                        "incomplete or not a TFRecord file (wrong compression_type?)")
-    return data
-
-
-def iter_tfrecords(stream, verify_checksums="auto", source: str = "") -> Iterator[bytes]:
+def iter_tfrecords(stream, verify_checksums="auto", source: str = "", block_size: int = 4 << 20) -> Iterator[bytes]:
     """Yield the records of an (uncompressed) TFRecord byte stream (anything with ``read(n)``).
 
-    The length checksum is always checked; data checksums too unless ``verify_checksums`` is
-    false (``'auto'``, the default, checks them: CRC-32C runs in C). Raises
-    :class:`~tfos.errors.FeedError` on corruption.
+    The stream is read in blocks of ``block_size`` bytes and the records are cut out of each block
+    (one ``read`` per block, not two per record). The length checksum is always checked; data
+    checksums too unless ``verify_checksums`` is false (``'auto'``, the default, checks them:
+    CRC-32C runs in C). Raises :class:`~tfos.errors.FeedError` on corruption.
     """
     verify = verify_checksums == "auto" or bool(verify_checksums)
     where = f" in {source}" if source else ""
-    while True:
-        header = _read_exact(stream, 12, "header")
-        if not header:
-            return
-        length_bytes = header[:8]
-        (length,) = struct.unpack("<Q", length_bytes)
-        (length_crc,) = struct.unpack("<I", header[8:])
-        if length_crc != _masked_crc(length_bytes):
+    buf, pos = b"", 0
+
+    def refill(need: int, what: str) -> bool:
+        """Make ``need`` bytes available from ``pos``; False at a clean end of stream."""
+        nonlocal buf, pos
+        while len(buf) - pos < need:
+            block = stream.read(max(block_size, need - (len(buf) - pos)))
+            if not block:
+                if what == "header" and len(buf) == pos:
+                    return False
+                raise FeedError(f"truncated TFRecord {what}: expected {need} bytes, got {len(buf) - pos}; the file "
+                                "is incomplete or not a TFRecord file (wrong compression_type?)")
+            buf, pos = buf[pos:] + bytes(block), 0
+        return True
+
+    while refill(12, "header"):
+        (length,) = _LENGTH.unpack_from(buf, pos)
+        (length_crc,) = _CRC.unpack_from(buf, pos + 8)
+        if length_crc != _masked_crc(buf[pos:pos + 8]):
             raise FeedError(f"corrupt TFRecord length checksum{where}: the file is damaged, compressed "
                             "(pass compression_type='GZIP' or 'ZLIB'), or not a TFRecord file")
-        body = _read_exact(stream, length + 4, "record")
-        record = body[:length]
-        if verify and struct.unpack("<I", body[length:])[0] != _masked_crc(record):
+        refill(12 + length + 4, "record")
+        start = pos + 12
+        record = buf[start:start + length]
+        if verify and _CRC.unpack_from(buf, start + length)[0] != _masked_crc(record):
             raise FeedError(f"corrupt TFRecord data checksum{where}: the file is damaged")
+        pos = start + length + 4
         yield record
+
+
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
 
 
 # --------------------------------------------------------------------------- compression

@@ -117,7 +117,6 @@ def tail(path: str, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-
 def children_peak_rss_mb() -> int:
     """The peak resident memory, in MiB, of the largest process this one has waited for, including
     the descendants those processes waited for (``getrusage(RUSAGE_CHILDREN).ru_maxrss``): for the

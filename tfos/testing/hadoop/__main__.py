@@ -27,34 +27,41 @@ def main(argv=None) -> int:
         ap.error("--dir is required")
     try:
         if ns.action == "fetch":
-            print(fetch())
+            _say(str(fetch()))
         elif ns.action == "yarn":  # YARN's own clients, the 'yarn' command of a Hadoop install
             from tfos.testing.hadoop.yarn import CLIS, cli_args
 
             if not ns.args or ns.args[0] not in CLIS:
                 ap.error(f"yarn needs one of {sorted(CLIS)} and its arguments")
-            out = HadoopCluster.attach(ns.dir).hadoop_cli(cli_args(ns.args), check=False, timeout=300)
-            sys.stdout.write(out.stdout)
-            sys.stderr.write(out.stderr)
-            return out.returncode
+            return _client(ns.dir, cli_args(ns.args))
         elif ns.action == "fs":  # 'hdfs dfs ...' through the cluster's conf
             from tfos.testing.hadoop.artifacts import FS_SHELL
 
-            out = HadoopCluster.attach(ns.dir).hadoop_cli([FS_SHELL, *ns.args], check=False, timeout=300)
-            sys.stdout.write(out.stdout)
-            sys.stderr.write(out.stderr)
-            return out.returncode
+            return _client(ns.dir, [FS_SHELL, *ns.args])
         elif ns.action == "down":  # needs only the pids file
             HadoopCluster(ns.dir).stop()
         else:
             cluster = HadoopCluster(ns.dir, timeout=ns.timeout).start()
-            print(f"fs.defaultFS={cluster.default_fs} webhdfs=http://{cluster.webhdfs_address} "
-                  f"rm={cluster.rm_address} rm_web=http://{cluster.rm_webapp_address}")
-            print(f"export HADOOP_CONF_DIR={cluster.conf_dir}")
+            _say(f"fs.defaultFS={cluster.default_fs} webhdfs=http://{cluster.webhdfs_address} "
+                 f"rm={cluster.rm_address} rm_web=http://{cluster.rm_webapp_address}")
+            _say(f"export HADOOP_CONF_DIR={cluster.conf_dir}")
     except HadoopClusterError as e:
-        print(f"error: {e}", file=sys.stderr)
+        logging.getLogger(__name__).error("error: %s", e)
         return 1
     return 0
+
+
+def _say(line: str) -> None:
+    """The command's result on stdout (a shell evaluates the export line); progress goes to logging."""
+    sys.stdout.write(line + "\n")
+
+
+def _client(cluster_dir, argv) -> int:
+    """Run a Hadoop client main class against the cluster in ``cluster_dir``; its output passes through."""
+    out = HadoopCluster.attach(cluster_dir).hadoop_cli(argv, check=False, timeout=300)
+    sys.stdout.write(out.stdout)
+    sys.stderr.write(out.stderr)
+    return out.returncode
 
 
 if __name__ == "__main__":

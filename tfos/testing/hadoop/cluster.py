@@ -222,9 +222,13 @@ class HadoopCluster:
         """``hadoop fs ARGS``: ``cluster.fs("-cat", "/x").stdout``."""
         return self.hadoop_cli([FS_SHELL, *args], **kw)
 
-    def _get_json(self, url: str) -> dict:
-        with urllib.request.urlopen(url, timeout=5) as r:
+    def _get_json(self, url: str, timeout: float = 5) -> dict:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return json.load(r)
+
+    def rm_rest(self, path: str) -> dict:
+        """The ResourceManager's REST answer for ``/ws/v1/cluster/<path>``, e.g. ``apps/<id>``."""
+        return self._get_json(f"http://{self.rm_webapp_address}/ws/v1/cluster/{path}", timeout=10)
 
     def missing(self) -> str:
         """What keeps the cluster from being ready ("" once it is)."""
@@ -237,7 +241,7 @@ class HadoopCluster:
         except (OSError, ValueError, KeyError, IndexError) as e:
             out.append(f"NameNode JMX at {self.webhdfs_address}: {e}")
         try:
-            nodes = (self._get_json(f"http://{self.rm_webapp_address}/ws/v1/cluster/nodes")
+            nodes = (self.rm_rest("nodes")
                      .get("nodes") or {}).get("node", [])
             if (running := sum(x.get("state") == "RUNNING" for x in nodes)) < n:
                 out.append(f"YARN: {running}/{n} RUNNING NodeManagers")

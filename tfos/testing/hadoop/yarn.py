@@ -34,6 +34,8 @@ def cli_args(argv) -> list[str]:
     if sub not in CLIS:
         raise HadoopClusterError(f"no YARN client for {sub!r}; one of {sorted(CLIS)}")
     return [CLIS[sub], *([sub] if CLIS[sub] == APPLICATION_CLI else []), *rest]
+
+
 _APP_ID = re.compile(r"application_\d+_\d+")
 
 
@@ -143,17 +145,13 @@ def spark_submit(cluster: HadoopCluster, script: str, args=(), *, timeout: float
     return Submitted(out.returncode, out.stdout, out.stderr, app.group(0) if app else None)
 
 
-def application_ids(text: str) -> list[str]:
-    return sorted(set(_APP_ID.findall(text)))
-
-
 def logs(cluster: HadoopCluster, app_id: str, *, want=(), timeout: float = 90) -> str:
     """``yarn logs -applicationId app_id``: every container's aggregated logs. The NodeManagers
     upload them after the application ends; this waits (up to ``timeout``) until each string in
     ``want`` appears in them."""
     deadline = time.monotonic() + timeout
     while True:
-        out = cluster.hadoop_cli([LOGS_CLI, "-applicationId", app_id], check=False, timeout=120)
+        out = cluster.hadoop_cli(cli_args(["logs", "-applicationId", app_id]), check=False, timeout=120)
         text = out.stdout + out.stderr
         missing = [w for w in want if w not in text]
         if out.returncode == 0 and not missing:
@@ -166,21 +164,12 @@ def logs(cluster: HadoopCluster, app_id: str, *, want=(), timeout: float = 90) -
 
 def application_report(cluster: HadoopCluster, app_id: str) -> dict:
     """The ResourceManager's view of ``app_id`` (REST: state, finalStatus, diagnostics)."""
-    import json
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{cluster.rm_webapp_address}/ws/v1/cluster/apps/{app_id}", timeout=10) as r:
-        return json.load(r)["app"]
+    return cluster.rm_rest(f"apps/{app_id}")["app"]
 
 
 def running_applications(cluster: HadoopCluster) -> list[str]:
     """Ids of the applications the ResourceManager has RUNNING, oldest first."""
-    import json
-    import urllib.request
-
-    url = f"http://{cluster.rm_webapp_address}/ws/v1/cluster/apps?states=RUNNING"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        apps = (json.load(r).get("apps") or {}).get("app") or []
+    apps = (cluster.rm_rest("apps?states=RUNNING").get("apps") or {}).get("app") or []
     return sorted(a["id"] for a in apps)
 
 

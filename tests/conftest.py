@@ -14,6 +14,9 @@ for p in (ROOT, os.path.join(ROOT, "examples", "digits"), os.path.join(ROOT, "te
         sys.path.insert(0, p)
 
 logging.getLogger("py4j").setLevel(logging.WARNING)
+# Every process this session starts inherits the marker: the leftover check below judges (and kills)
+# only this session's processes, never another test run's on the same host.
+os.environ.setdefault("TFOS_TEST_SESSION", __import__("uuid").uuid4().hex)
 
 SPARK_FIXTURES = {"spark", "sc", "tfos_cluster", "connect_spark", "connect_cluster"}
 # Suites that need a pytest session of their own (one process holds one Spark driver): option -> folder.
@@ -135,11 +138,11 @@ def _clusters_on(spark):
 
 @pytest.fixture(autouse=True)
 def no_leftover_tfos_processes(request):
-    """After every test, no tfos agent or TF process may be left running."""
+    """After every test, no tfos agent or TF process of this session may be left running."""
     yield
-    from tfos.testing import wait_no_tfos_processes
+    from tfos.testing import SESSION_VARIABLE, wait_no_tfos_processes
 
-    left = wait_no_tfos_processes(timeout=30)
+    left = wait_no_tfos_processes(timeout=30, session=os.environ[SESSION_VARIABLE])
     if left:
         desc = [(p.pid, " ".join(p.cmdline()[-3:])) for p in left]
         for p in left:

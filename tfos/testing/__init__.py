@@ -150,23 +150,37 @@ def example_session(num_executors: int = 2, app_name: str = "tfos-example", remo
     return local_cluster_session(num_executors, app_name=app_name)
 
 
-def tfos_processes():
-    """psutil.Process objects of tfos agents, reapers and TF processes running on this host."""
+#: An environment variable a test session sets to a value of its own: the processes it starts
+#: (Spark's executors, their agents and TF processes) inherit it, so the session can tell its own
+#: leftovers from another session's processes on the same host.
+SESSION_VARIABLE = "TFOS_TEST_SESSION"
+
+
+def tfos_processes(session: str | None = None):
+    """psutil.Process objects of tfos agents, reapers and TF processes running on this host; with
+    ``session``, only those whose environment has SESSION_VARIABLE set to it."""
     import psutil
 
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
         if any(m in cmd for m in (AGENT_MODULE, REAPER_MODULE, TF_PROCESS_MODULE)):
+            if session is not None:
+                try:
+                    if p.environ().get(SESSION_VARIABLE) != session:
+                        continue
+                except (psutil.Error, OSError):
+                    continue
             found.append(p)
     return found
 
 
-def wait_no_tfos_processes(timeout: float = 30.0):
-    """Wait until no tfos agent, reaper or TF process is left; return the leftovers (empty list if none)."""
+def wait_no_tfos_processes(timeout: float = 30.0, session: str | None = None):
+    """Wait until no tfos agent, reaper or TF process is left (of ``session`` only, when given);
+    return the leftovers (empty list if none)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = tfos_processes()
+        left = tfos_processes(session)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)

@@ -10,10 +10,9 @@ pyspark nor TensorFlow, so node agents and TF processes stay light.
 
 from tfos.errors import (AuthenticationError, ClusterStateError, CollectiveError, ConfigError, FeedError,
                          FeedTimeoutError, NodeFailedError, NodeFailure, NonRetryable, ProtocolError,
-                         ReservationTimeoutError, TFOSError, TFOSTimeoutError)
+                         ReservationTimeoutError, StallError, TFOSError, TFOSTimeoutError, UnevenDataError)
+from tfos.host.versions import TFOS_VERSION as __version__
 from tfos.topology import InputMode
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "TFCluster": ("tfos.cluster.driver.api", "TFCluster"),
@@ -37,5 +36,5 @@ def __getattr__(name):
 __all__ = ["TFCluster", "InputMode", "NodeContext", "DataFeed", "TFNode", "TFOSError", "ConfigError",
            "ProtocolError", "AuthenticationError", "TFOSTimeoutError", "ReservationTimeoutError",
            "FeedTimeoutError", "FeedError", "ClusterStateError", "CollectiveError", "NodeFailedError", "NodeFailure",
-           "NonRetryable",
+           "NonRetryable", "UnevenDataError", "StallError",
            "__version__"]

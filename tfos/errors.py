@@ -71,6 +71,17 @@ class CollectiveError(TFOSError):
     broke, or a peer did not join before the collective's timeout."""
 
 
+class UnevenDataError(FeedError, NonRetryable):
+    """The ranks got unequal data and ``uneven='error'`` was chosen: raised on every rank at the
+    same step (so none waits in a collective for another), naming each rank's rows and steps.
+    A restart would feed the same rows again, so it is not retried."""
+
+
+class StallError(TFOSError):
+    """No training rank made progress for ``stall_timeout`` seconds while every process was alive.
+    The message holds every rank's Python stacks and last log lines."""
+
+
 class ClusterStateError(TFOSError):
     """An API call that the cluster's current state does not allow."""
 

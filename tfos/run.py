@@ -31,6 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reservation-timeout", type=float, default=600)
     p.add_argument("--timeout", type=float, default=259200, help="seconds the script may run")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment of the scripts")
+    p.add_argument("--node-output", default="chief", choices=("chief", "all", "none"),
+                   help="whose printed lines show here as they come (default: rank 0's)")
     p.add_argument("script", nargs="?", help="the TF script (read on this machine)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     args = p.parse_args(argv)
@@ -61,7 +63,8 @@ def main(argv=None) -> int:
         TFCluster.run_script(spark.sparkContext, args.script, args.script_args, args.num_executors, args.num_ps,
                              master_node=None if args.master_node == "none" else args.master_node,
                              num_gpus=args.num_gpus, reservation_timeout=args.reservation_timeout,
-                             timeout=args.timeout, env=dict(e.split("=", 1) for e in args.env))
+                             timeout=args.timeout, env=dict(e.split("=", 1) for e in args.env),
+                             node_output=args.node_output)
     except TFOSError as e:
         sys.stderr.write(f"tfos run: {type(e).__name__}: {e}\n")
         return 1

@@ -147,7 +147,7 @@ def test_dataframe_three_epochs_every_row_exactly_once_per_epoch(connect_cluster
     df = connect_spark.range(0, n, 1, 5).selectExpr("id", "array_repeat(cast(id as float), 8) as vec")
     cluster = connect_cluster(2, 0)
     cluster.start(record_ids, str(tmp_path), input_mode=InputMode.SPARK)
-    assert cluster.train(df, num_epochs=3, chunk_rows=50) == 3 * n
+    assert cluster.train(df, num_epochs=3, chunk_rows=50, uneven=None) == 3 * n
     cluster.shutdown(timeout=120)
     got = [json.loads((tmp_path / f"ids-{i}.json").read_text()) for i in range(2)]
     counts = collections.Counter(got[0] + got[1])

@@ -87,7 +87,8 @@ def main():
                             max_restarts=1, checkpoint_dir=f"{out}/ckpt", log_dir=f"{out}/logs")
     # small chunks: the nodes' feed queues (4 chunks each) hold 200 rows, so the feed lasts as long
     # as the nodes read, and a container lost mid-read is lost mid-feed
-    cluster.train(spark.range(ROWS, numPartitions=6).rdd.map(lambda r: (r.id,)), num_epochs=1, chunk_rows=BATCH)
+    cluster.train(spark.range(ROWS, numPartitions=6).rdd.map(lambda r: (r.id,)), num_epochs=1, chunk_rows=BATCH,
+                  uneven=None)  # every row read: no equal-steps drop (no collective per batch here)
     cluster.shutdown(timeout=300)
     fs, path = data.filesystem(out)
     final = max(int(f.base_name.split("-")[1]) for f in fs.get_file_info(data_selector(path))

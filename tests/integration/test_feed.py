@@ -48,7 +48,7 @@ def check_ids(out, n, epochs):
 def test_rdd_three_epochs_every_row_exactly_once_per_epoch(sc, tmp_path):
     rdd, n = uneven_rdd(sc)
     cluster = TFCluster.run(sc, count_ids, str(tmp_path), 2, 0, input_mode=InputMode.SPARK, master_node="chief")
-    assert cluster.train(rdd, num_epochs=3, chunk_rows=50) == 3 * n
+    assert cluster.train(rdd, num_epochs=3, chunk_rows=50, uneven=None) == 3 * n
     cluster.shutdown(timeout=120)
     check_ids(tmp_path, n, 3)
 
@@ -57,7 +57,7 @@ def test_dataframe_three_epochs_every_row_exactly_once_per_epoch(spark, sc, tmp_
     rdd, n = uneven_rdd(sc)
     df = spark.createDataFrame(rdd.map(lambda r: (r[0], [float(v) for v in r[1]])), "id long, vec array<float>")
     cluster = TFCluster.run(sc, count_ids, str(tmp_path), 2, 0, input_mode=InputMode.SPARK, master_node="chief")
-    assert cluster.train(df, num_epochs=3, chunk_rows=50) == 3 * n
+    assert cluster.train(df, num_epochs=3, chunk_rows=50, uneven=None) == 3 * n
     cluster.shutdown(timeout=120)
     check_ids(tmp_path, n, 3)
 
@@ -81,7 +81,7 @@ def test_dataset_three_epochs_every_row_exactly_once_per_epoch_in_whole_batches(
     df = spark.createDataFrame(rdd.map(lambda r: (r[0], [float(v) for v in r[1]])), "id long, vec array<float>")
     cluster = TFCluster.run(sc, count_ids_through_dataset, str(tmp_path), 2, 0, input_mode=InputMode.SPARK,
                             master_node="chief")
-    assert cluster.train(df, num_epochs=3, chunk_rows=50) == 3 * n
+    assert cluster.train(df, num_epochs=3, chunk_rows=50, uneven=None) == 3 * n
     cluster.shutdown(timeout=120)
     check_ids(tmp_path, n, 3)
     for i in range(2):

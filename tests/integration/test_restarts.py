@@ -65,7 +65,7 @@ def test_spark_feed_node_killed_in_epoch_2_feeds_that_epoch_again(tfos_cluster, 
 
     killer = threading.Thread(target=kill_in_epoch_2, daemon=True)
     killer.start()
-    fed = cluster.train(df, num_epochs=3, chunk_rows=100)
+    fed = cluster.train(df, num_epochs=3, chunk_rows=100, uneven=None)  # every row, no equal-steps drop
     killer.join()
     cluster.shutdown(timeout=120)
 

@@ -15,14 +15,23 @@ DIGITS_SCRIPT = os.path.join(ROOT, "examples", "digits", "digits_script.py")
 
 
 @pytest.mark.slow
-def test_plain_mwms_script_trains_on_both_workers(sc, tmp_path):
+def test_plain_mwms_script_trains_on_both_workers(sc, tmp_path, caplog):
     """The script reads only TF_CONFIG; both workers run every step together (the digits examples
-    train to accuracy in tests/e2e)."""
+    train to accuracy in tests/e2e). After the success every node's log is kept where the
+    end-of-run line says."""
+    import logging
+    import re
+
+    caplog.set_level(logging.INFO, logger="tfos")
     out = tmp_path / "result.json"
     TFCluster.run_script(sc, DIGITS_SCRIPT, ["--epochs", "3", "--output", str(out)], num_executors=2)
     result = json.loads(out.read_text())
     assert 0.0 <= result["accuracy"] <= 1.0, result
     assert result["steps"] == 3 * ((1797 - 1797 // 4) // 2 // 32)  # both workers ran every step together
+    logs = re.findall(r"node (\d) \((?:chief|worker):0\) on \S+: (\S+)", caplog.text)
+    assert sorted(i for i, _ in logs) == ["0", "1"], caplog.text[-2000:]
+    for _, path in logs:
+        assert os.path.getsize(path) > 0 and oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
 
 
 def test_failing_script_reports_exit_code_and_last_lines(sc):
@@ -42,14 +51,18 @@ def test_script_must_be_readable_on_the_driver(sc, tmp_path):
 
 def test_tfos_run_command_exit_code_and_errors(tmp_path):
     """``python -m tfos.run`` with its own Spark session: the worker's non-zero exit makes the
-    command exit 1 and print the node's exit code and output; the chief's copy ran with its role."""
+    command exit 1 and print the node's exit code and output; the chief's copy ran with its role,
+    and what it printed is on the console (rank 0's lines reach the driver)."""
     script = tmp_path / "roles.py"
-    script.write_text("import json, os, sys\n"
+    script.write_text("import json, os, sys, time\n"
                       "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
                       "print('role', task['type'], task['index'], 'args', sys.argv[1:], flush=True)\n"
+                      "time.sleep(2 if task['type'] == 'worker' else 0)\n"
                       "sys.exit(4 if task['type'] == 'worker' else 0)\n")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     out = subprocess.run([sys.executable, "-m", "tfos.run", "--master", "local-cluster[2,1,1024]", "--num-executors", "2",
                           str(script), "--lr", "0.1"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "exited with code 4" in out.stderr and "role worker 0 args ['--lr', '0.1']" in out.stderr
+    assert "[chief:0] role chief 0 args ['--lr', '0.1']" in out.stdout, out.stdout[-2000:]
+    assert "[worker:0]" not in out.stdout  # node_output='chief': rank 0's lines only

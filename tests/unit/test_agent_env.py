@@ -33,13 +33,29 @@ def test_memory_environment_of_the_tf_process(env, expected):
 
 
 @pytest.mark.parametrize("env,expected", [
-    ({}, "/tmp/n/node.log"),
-    ({"LOG_DIRS": ""}, "/tmp/n/node.log"),
+    ({}, "/tmp/n/node-3.log"),
+    ({"LOG_DIRS": ""}, "/tmp/n/node-3.log"),
     ({"LOG_DIRS": "/nm/logs/application_1_0001/container_1_0001_01_000002"},  # a YARN container
      "/nm/logs/application_1_0001/container_1_0001_01_000002/tfos-node-3.log"),
     ({"LOG_DIRS": "/d1/logs/c2,/d2/logs/c2"}, "/d1/logs/c2/tfos-node-3.log"),
 ])
-def test_the_node_log_goes_to_the_yarn_container_log_dir(env, expected):
+def test_the_node_log_goes_to_the_yarn_container_log_dir_or_the_kept_logs(env, expected):
     from tfos.cluster.agent.supervisor import node_log_path
 
     assert node_log_path("/tmp/n", 3, env) == expected
+
+
+def test_kept_logs_keep_the_newest_clusters(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from tfos.cluster.agent import supervisor as S
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(S, "KEEP_CLUSTER_LOGS", 3)
+    made = []
+    for i in range(5):
+        made.append(S.kept_logs_dir(f"c{i}"))
+        os.utime(made[-1], (1000 + i, 1000 + i))
+    left = sorted(os.listdir(tmp_path / f"tfos-{os.getuid()}" / "logs"))
+    assert left == ["c2", "c3", "c4"] and oct(os.stat(made[-1]).st_mode & 0o777) == "0o700"

@@ -12,7 +12,7 @@ from tfos import topology as T
 from tfos.host import gpus as G
 from tfos.cluster.agent.supervisor import tf_process_command
 from tfos.cluster.driver.settings import seconds as _seconds, validate_reserve
-from tfos.feed.driver.scheduler import pick_node
+from tfos.feed.driver.scheduler import plan_chunk
 from tfos.cluster.driver.lifecycle import Lifecycle, Phase, allowed
 from tfos.errors import ClusterStateError, ConfigError, TFOSError
 from tfos.cluster.executor.bootstrap import agent_command
@@ -123,11 +123,20 @@ def test_lifecycle_records_the_first_error_once_and_rejects_illegal_moves():
         life.require(Phase.RUNNING, "train")
 
 
-@pytest.mark.parametrize("live,counts,expected", [
-    ([0, 1], {0: 0, 1: 0}, 0), ([0, 1], {0: 10, 1: 0}, 1), ([1, 2], {0: 0, 1: 5, 2: 5}, 1), ([], {0: 0}, -1),
+@pytest.mark.parametrize("live,counts,rows,slack,expected", [
+    # a whole chunk to the node with the fewest rows (lowest index on ties) while shares stay within slack
+    ([0, 1], {0: 0, 1: 0}, 50, 64, [(0, 50)]), ([0, 1], {0: 10, 1: 0}, 100, 100, [(1, 100)]),
+    ([1, 2], {0: 0, 1: 5, 2: 5}, 30, 64, [(1, 30)]), ([], {0: 0}, 30, 64, []), ([3], {3: 900}, 5000, 64, [(3, 5000)]),
+    # else split to level the shares, the fewest first; pieces of at least MIN_PIECE rows
+    ([0, 1], {0: 0, 1: 0}, 1000, 64, [(0, 500), (1, 500)]),
+    ([0, 1], {0: 0, 1: 300}, 1000, 64, [(0, 650), (1, 350)]),
+    ([0, 1, 2], {0: 500, 1: 0, 2: 100}, 300, 64, [(1, 200), (2, 100)]),
+    ([0, 1, 2], {0: 0, 1: 0, 2: 0}, 301, 64, [(0, 101), (1, 100), (2, 100)]),
+    ([0, 1], {0: 0, 1: 970}, 1000, 64, [(0, 1000)]),  # the leveling piece (15 rows) would be too small
 ])
-def test_pick_node_balances_rows(live, counts, expected):
-    assert pick_node(live, counts) == expected
+def test_plan_chunk_keeps_shares_level(live, counts, rows, slack, expected):
+    pieces = plan_chunk(live, counts, rows, slack)
+    assert pieces == expected and sum(r for _, r in pieces) == (rows if live else 0)
 
 
 I, F, S = Column("a", "number", "int64"), Column("a", "number", "double"), Column("a", "string", "string")
@@ -165,9 +174,9 @@ def test_choose_gpus(num, spark, claimed, expected):
 
 
 @pytest.mark.parametrize("num,smi,claimed,match", [
-    (1, "", [], "no GPU was found"),
-    (4, SMI, [], "only 3 of 4 are free"),
-    (2, SMI, ["0", "2"], "only 1 of 4"),
+    (1, "", [], "nvidia-smi is not there or shows no GPU"),
+    (4, SMI, [], "3 of 4 are free"),
+    (2, SMI, ["0", "2"], "1 of 4 are free"),
 ])
 def test_choose_gpus_errors(num, smi, claimed, match):
     with pytest.raises(ConfigError, match=match):

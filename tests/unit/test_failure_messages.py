@@ -98,7 +98,7 @@ def test_what_cannot_reach_the_executors_is_named_on_the_driver(main_fun, args, 
     (-15, False, "", 900, ["killed by signal 15", "!OOM"]),
 ])
 def test_a_tf_process_killed_by_sigkill_is_named_a_likely_oom_kill(code, raised, agent_reason, peak, expect):
-    from tfos.cluster.driver.registry import exit_reason
+    from tfos.cluster.driver.lifecycle import exit_reason
 
     text = exit_reason(code, raised, agent_reason, peak)
     for e in expect:
@@ -143,3 +143,33 @@ def test_the_first_cause_leads_and_the_rest_follow_as_then(arrived, expected):
     text = str(NodeFailedError(ordered))
     assert text.startswith(f"[node {expected[0]} ")
     assert text.count("\nthen [node ") == len({f.traceback for f in ordered}) - 1
+
+
+@pytest.mark.parametrize("driver,here,expected", [
+    ({"tfos": "0.1.0", "tensorflow": "2.21.0"}, {"tfos": "0.1.0", "tensorflow": "2.21.0"}, None),
+    ({"tfos": "0.1.0", "tensorflow": ""}, {"tfos": "0.1.0", "tensorflow": "2.15.1"}, None),  # no TF on the driver
+    ({"tfos": "0.2.0", "tensorflow": "2.21.0"}, {"tfos": "0.1.0", "tensorflow": "2.21.0"},
+     "tfos 0.2.0 on the driver but tfos 0.1.0 on executor host h7 (Python /env/bin/python). Install the same"),
+    ({"tfos": "0.1.0", "tensorflow": "2.21.0"}, {"tfos": "0.1.0", "tensorflow": "2.15.1"},
+     "tensorflow 2.21.0 on the driver but tensorflow 2.15.1 on executor host h7"),
+    ({}, {"tfos": "0.1.0", "tensorflow": "2.15.1"}, None),  # an older driver sends none: nothing to compare
+])
+def test_version_mismatch_names_both_versions(driver, here, expected):
+    from tfos.host.versions import version_mismatch
+
+    got = version_mismatch(driver, here, "h7", "/env/bin/python")
+    assert (got is None) if expected is None else (expected in got and "spark.archives" in got), got
+
+
+@pytest.mark.parametrize("num,smi,claimed,match", [
+    (1, [], [], r"node needs 1 GPU\(s\) on host h3, but nvidia-smi is not there or shows no GPU"),
+    (2, [("0", 2500, 90), ("1", 10, 0)], ["1"], r"node needs 2 GPU\(s\) on host h3 and 0 of 2 are free: GPU 0 "
+                                                r"\(2500 MiB in use: held by another job\), GPU 1 \(claimed by "
+                                                r"another tfos node\)"),
+])
+def test_gpu_shortage_names_the_host_what_it_saw_and_what_it_needed(num, smi, claimed, match):
+    from tfos.errors import ConfigError
+    from tfos.host.gpus import choose_gpus
+
+    with pytest.raises(ConfigError, match=match):
+        choose_gpus(num, None, smi, claimed, host="h3")

@@ -17,9 +17,10 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tfos")
 
-#: The shared layer: messages and channels, roles, errors, host-local state, Arrow framing, paths.
-BASE = ("tfos.errors", "tfos.topology", "tfos.wire", "tfos.host", "tfos.feed.arrow", "tfos.data.paths",
-        "tfos.data.fs")
+#: The shared layer: messages and channels, roles, errors, host-local state, Arrow framing, the
+#: equal-steps policy, paths.
+BASE = ("tfos.errors", "tfos.topology", "tfos.wire", "tfos.host", "tfos.feed.arrow", "tfos.feed.uneven",
+        "tfos.data.paths", "tfos.data.fs")
 DATA = BASE + ("tfos.data",)
 TF_PROCESS = DATA + ("tfos.cluster.node", "tfos.feed.node")
 DRIVER = DATA + ("tfos.backends", "tfos.cluster", "tfos.feed")  # the driver builds what the tasks run
@@ -30,6 +31,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "tfos.wire": ("tfos.errors", "tfos.topology", "tfos.wire"),
     "tfos.host": ("tfos.errors", "tfos.host"),
     "tfos.feed.arrow": ("tfos.errors", "tfos.wire"),
+    "tfos.feed.uneven": ("tfos.errors",),
     "tfos.data": DATA,
     "tfos.backends": BASE + ("tfos.backends", "tfos.tf"),  # a backend's node hooks use the TF helpers
     # processes that are not the driver
@@ -46,7 +48,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "tfos.run": DRIVER,
     "tfos.testing": DRIVER + ("tfos.testing",),
     # the package root (its public names are re-exported lazily, by name)
-    "tfos": ("tfos.errors", "tfos.topology"),
+    "tfos": ("tfos.errors", "tfos.topology", "tfos.host.versions"),
     # TensorFlowOnSpark's module names, each an alias of the module it names
     "tfos.TFManager": ("tfos.feed.node.manager",),
     "tfos.TFParallel": ("tfos.cluster.driver.parallel",),

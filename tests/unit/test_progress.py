@@ -13,6 +13,13 @@ def test_rank_table_lists_every_node():
     assert len(table) == 2 + 3
     assert "chief:0" in table[2] and "0.5000" in table[2] and "1234" in table[2] and "100" in table[2]
     assert "worker:0" in table[3] and " 9 " in table[3] and "ps:0" in table[4] and "-15" in table[4]
+    assert "dropped" not in table[0]
+
+
+def test_rank_table_shows_rows_dropped_for_equal_steps():
+    state = {0: {"metrics": {"rows_dropped": 150}, "host": "h0", "exit": 0}, 1: {"metrics": {}, "host": "h1", "exit": 0}}
+    table = prog.rank_table([("chief", 0), ("worker", 0)], state, {0: 1150, 1: 1000}).splitlines()
+    assert table[0].split()[-1] == "dropped" and table[2].split()[-1] == "150" and table[3].split()[-1] == "0"
 
 
 def test_chrome_trace_merges_nodes_and_driver():
@@ -25,3 +32,23 @@ def test_chrome_trace_merges_nodes_and_driver():
     names = {e["args"]["name"] for e in evs if e["name"] == "process_name"}
     assert names == {"node 0 chief:0 @ a", "node 1 worker:0 @ b", "driver (Spark feeding)"}
     json.dumps(trace)
+
+
+def test_node_output_reaches_the_driver_from_rank_0_or_all():
+    from tfos.cluster.node.reporting import streams_output
+
+    assert [streams_output(s, r) for s, r in (("chief", 0), ("chief", 1), ("chief", None), ("all", 1),
+                                               ("all", None), ("none", 0))] == [True, False, False, True, True, False]
+
+
+def test_line_tee_writes_through_and_hands_on_whole_lines():
+    import io
+
+    from tfos.cluster.node.reporting import LineTee
+
+    out, lines = io.StringIO(), []
+    tee = LineTee(out, lines.append)
+    print("accuracy 0.93", file=tee)
+    tee.write("partial ")
+    tee.write("line\r\nnext")
+    assert out.getvalue() == "accuracy 0.93\npartial line\r\nnext" and lines == ["accuracy 0.93", "partial line"]

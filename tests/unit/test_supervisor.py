@@ -120,3 +120,30 @@ def test_spark_input_mode_restarts_are_left_to_train():
     time.sleep(1)
     with pytest.raises(NodeFailedError):
         cluster.shutdown()
+
+
+def test_a_stall_fails_the_cluster_with_every_nodes_stack():
+    """Both nodes report a step, then stay alive without progress: StallError within stall_timeout
+    plus a few heartbeats, naming where each node stands, with their stacks; every node stopped."""
+    from tfos.errors import StallError
+
+    spark = FakeSpark(2, scripted({}, Does.STALL))
+    cluster = run(spark, stall_timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(StallError) as e:
+        cluster.shutdown(timeout=60)
+    text = str(e.value)
+    assert time.monotonic() - t0 < 8, text
+    assert "no training rank made progress for 1s" in text and "stall_timeout" in text
+    for i, role in ((0, "chief:0"), (1, "worker:0")):
+        assert f"  node {i} ({role} on 127.0.0.1): " in text and f"fake node {i}: last log line" in text
+    assert "_heartbeat_until" in text  # each node's own stack
+    assert cluster.lifecycle.phase is Phase.FAILED
+
+
+def test_dump_stacks_on_demand():
+    spark = FakeSpark(2, scripted({}, Does.STALL))
+    cluster = run(spark, stall_timeout=None)
+    text = cluster.dump_stacks(timeout=5)
+    assert text.startswith("Where each rank stands:") and "fake node 1: last log line" in text
+    cluster._abort(__import__("tfos").TFOSError("done"))

@@ -85,7 +85,7 @@ def test_typed_client_session_serves_many_requests(control):
     state, secret, server = control
     client = _client(server, secret, node=-1)
     with client.session(timeout=5):
-        assert [client.assign_chunk("f", 10) for _ in range(4)] == [0, 1, 0, 1]
+        assert [client.assign_chunk("f", 10) for _ in range(4)] == [[(0, 10)], [(1, 10)], [(0, 10)], [(1, 10)]]
 
 
 def test_driver_refuses_a_partition_whose_columns_drift_from_the_feeds_first(control):
@@ -93,11 +93,11 @@ def test_driver_refuses_a_partition_whose_columns_drift_from_the_feeds_first(con
     state, secret, server = control
     first = (M.Column("a", "number", "int64"), M.Column("b", "number", "double"))
     client = _client(server, secret, node=-1)
-    assert client.assign_chunk("f", 10, partition=0, columns=first) == 0
-    assert client.assign_chunk("f", 10, partition=1, columns=first[:1] + (M.Column("b", "number", "int64"),)) == 1
+    assert client.assign_chunk("f", 10, partition=0, columns=first) == [(0, 10)]
+    assert client.assign_chunk("f", 10, partition=1, columns=first[:1] + (M.Column("b", "number", "int64"),)) == [(1, 10)]
     with pytest.raises(RequestRefused, match=r"partition 2, row 0: column 'c' appears"):
         client.assign_chunk("f", 10, partition=2, columns=first + (M.Column("c", "number", "int64"),))
-    assert client.assign_chunk("g", 10, partition=0, columns=first[:1]) == 0  # another feed starts afresh
+    assert client.assign_chunk("g", 10, partition=0, columns=first[:1]) == [(0, 10)]  # another feed starts afresh
 
 
 def test_a_second_copy_of_a_node_is_refused_and_fails_the_cluster(control):

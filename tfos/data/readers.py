@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from tfos.data import equal
 from tfos.data.fs import _file_list, _local_path, _resolve
 from tfos.data.tfrecord import _compression_of, _iter_file_records, _norm_compression
 from tfos.errors import ConfigError, FeedError, TFOSError
@@ -22,7 +23,7 @@ from tfos.data.datasets import no_autoshard
 
 def tfrecord_dataset(files, compression_type="auto", features=None, reader: str = "auto",
                      buffer_size: int | None = None, num_parallel_reads: int | None = None,
-                     verify_checksums="auto"):
+                     verify_checksums="auto", batch_size: int | None = None, uneven: str | None = "drop"):
     """A ``tf.data.Dataset`` of the serialized records in ``files`` (a list of paths/URIs).
 
     ``compression_type``: ``'auto'`` (from the extension: ``.gz`` -> GZIP, ``.zlib`` -> ZLIB),
@@ -35,10 +36,14 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
     2.21 cannot open); ``'auto'`` picks tensorflow when every file is local, else arrow.
     ``buffer_size`` / ``num_parallel_reads`` go to TFRecordDataset; ``verify_checksums`` to the
     arrow reader (see :func:`~tfos.data.iter_tfrecords`). The dataset has AutoShardPolicy.OFF.
+
+    ``batch_size``: batch the records (the last batch smaller). With the files of
+    :func:`~tfos.data.rank_files` every rank then yields the same number of batches whatever its
+    files hold (``uneven``: ``"drop"``, ``"pad"``, ``"error"`` or None; see :mod:`tfos.data.equal`).
     """
     import tensorflow as tf
 
-    files = _file_list(files)
+    rank_shard, files = files, _file_list(files)
     if reader not in ("auto", "tensorflow", "arrow"):
         raise ConfigError(f"reader must be 'auto', 'tensorflow' or 'arrow', got {reader!r}")
     if compression_type == "auto":
@@ -73,6 +78,11 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
             records, output_signature=tf.TensorSpec(shape=(None,), dtype=tf.string)).unbatch()
     if features is not None:
         ds = ds.map(lambda r: tf.io.parse_single_example(r, features), num_parallel_calls=tf.data.AUTOTUNE)
+    if batch_size:
+        ds = ds.batch(batch_size)
+        if equal.applies(rank_shard, batch_size, uneven):
+            ds = equal.equalize(ds, rank_shard, equal.count_tfrecords(files, compression), batch_size, uneven,
+                                weights_as_tuple=features is None)
     return no_autoshard(ds)
 
 
@@ -173,7 +183,7 @@ def _arrow_dataset(make_batches, batch_size: int, drop_remainder: bool, output_s
 
 
 def parquet_dataset(files, columns=None, batch_size: int = 1024, drop_remainder: bool = False,
-                    output_signature=None):
+                    output_signature=None, uneven: str | None = "drop"):
     """A ``tf.data.Dataset`` of ``{column: batch tensor}`` dicts read from Parquet ``files`` by pyarrow.
 
     ``files``: paths/URIs (any filesystem pyarrow knows, including hdfs://). ``columns``: the
@@ -188,10 +198,14 @@ def parquet_dataset(files, columns=None, batch_size: int = 1024, drop_remainder:
     is built if it is in the first batch, else while iterating (wrapped in TF's error): nulls,
     lists of varying length, or a column whose per-row shape changes between files. Unsupported
     types (timestamps, decimals, structs, ML vectors) raise ConfigError: cast them before writing.
+
+    With the files of :func:`~tfos.data.rank_files` every rank yields the same number of batches
+    whatever its files hold (``uneven``: ``"drop"``, ``"pad"``, ``"error"`` or None; see
+    :mod:`tfos.data.equal`).
     """
     import pyarrow.parquet as pq
 
-    files = _file_list(files)
+    rank_shard, files = files, _file_list(files)
     columns = list(columns) if columns is not None else None
 
     def batches():
@@ -208,7 +222,17 @@ def parquet_dataset(files, columns=None, batch_size: int = 1024, drop_remainder:
                         batch = batch.select(columns)
                     yield f, batch
 
-    return _arrow_dataset(batches, batch_size, drop_remainder, output_signature, "parquet")
+    ds = _arrow_dataset(batches, batch_size, drop_remainder, output_signature, "parquet")
+    return _equal_steps(ds, rank_shard, lambda: equal.count_parquet(files), batch_size, drop_remainder, uneven)
+
+
+def _equal_steps(ds, rank_shard, count, batch_size: int, drop_remainder: bool, policy):
+    """``ds`` with equal steps on every rank when ``rank_shard`` came from rank_files (tfos.data.equal)."""
+    if not equal.applies(rank_shard, batch_size, policy):
+        return ds
+    own = count()
+    return equal.equalize(ds, rank_shard, own // batch_size * batch_size if drop_remainder else own, batch_size,
+                          policy)
 
 
 def _arrow_type(value):
@@ -227,7 +251,7 @@ def _arrow_type(value):
 
 
 def csv_dataset(files, batch_size: int = 1024, columns=None, column_names=None, header=None, column_types=None,
-                delimiter: str = ",", drop_remainder: bool = False, output_signature=None):
+                delimiter: str = ",", drop_remainder: bool = False, output_signature=None, uneven: str | None = "drop"):
     """A ``tf.data.Dataset`` of ``{column: batch tensor}`` dicts read from CSV ``files`` by pyarrow.
 
     ``header``: whether each file starts with a header line (default: True unless
@@ -240,11 +264,14 @@ def csv_dataset(files, batch_size: int = 1024, columns=None, column_names=None, 
 
     If a column is inferred as integer from the first rows but later holds decimals, iterating
     raises an error naming the value: pass ``column_types={"col": "float32"}``.
+
+    Equal steps on every rank for the files of :func:`~tfos.data.rank_files` as in
+    :func:`parquet_dataset` (CSV files are read once more to count their rows).
     """
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    files = _file_list(files)
+    rank_shard, files = files, _file_list(files)
     if header is None:
         header = column_names is None
     types = {k: _arrow_type(v) for k, v in (column_types or {}).items()}
@@ -303,4 +330,6 @@ def csv_dataset(files, batch_size: int = 1024, columns=None, column_names=None, 
             finally:
                 stream.close()
 
-    return _arrow_dataset(batches, batch_size, drop_remainder, output_signature, "csv")
+    ds = _arrow_dataset(batches, batch_size, drop_remainder, output_signature, "csv")
+    return _equal_steps(ds, rank_shard, lambda: sum(b.num_rows for _, b in batches()), batch_size, drop_remainder,
+                        uneven)

@@ -156,13 +156,25 @@ def shard_by_size(files_with_sizes, rank: int, num_workers: int, allow_empty: bo
     return sorted(mine)
 
 
+class RankFiles(list):
+    """This rank's files (a list of URIs), remembering the node's ``ctx``: the tfos.data readers
+    given them with a ``batch_size`` make every rank run the same number of steps (tfos.data.equal)."""
+
+    def __init__(self, files, ctx):
+        super().__init__(files)
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.num_workers = ctx.num_workers
+
+
 def rank_files(ctx, uri, pattern: str = "*", recursive: bool = False, by_size: bool = False,
                allow_empty: bool = False) -> list[str]:
     """List ``uri`` and return this node's shard: ``shard(list_files(...), ctx.rank, ctx.num_workers)``.
 
     ``uri`` is resolved with ``ctx.absolute_path`` (relative paths go on the cluster's default
     filesystem). ``by_size=True`` balances bytes instead of file counts (:func:`shard_by_size`).
-    Call it on chief/worker nodes only: ps and evaluator nodes have no rank (ConfigError).
+    Call it on chief/worker nodes only: ps and evaluator nodes have no rank (ConfigError). The
+    list remembers ``ctx``, so that the readers can give every rank the same number of steps.
     """
     if getattr(ctx, "rank", None) is None:
         _check_rank(None, 1)
@@ -175,4 +187,4 @@ def rank_files(ctx, uri, pattern: str = "*", recursive: bool = False, by_size: b
         mine = shard(listed, ctx.rank, ctx.num_workers, allow_empty)
     logger.info("rank %d/%d reads %d of %d files under %s", ctx.rank, ctx.num_workers, len(mine), len(listed),
                 full)
-    return mine
+    return RankFiles(mine, ctx) if hasattr(ctx, "all_gather") else mine

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tfos.data.example import _serialize_example, decode_example
+from tfos.data.equal import write_counts
 from tfos.data.fs import _file_list, _is_hidden, _join, _local_path, _resolve, _scheme, _to_uri
 from tfos.data.tfrecord import (_choose_engine, _compression_of, _decompressing, _norm_compression,
                                 _write_tfrecord_file, iter_tfrecords)
@@ -201,8 +202,9 @@ def save_as_tfrecords(df, uri, mode: str = "error", compression=None, engine: st
         if err is e:
             raise
         raise err from e
-    _commit_output(fs, path)
     written.sort()
+    write_counts(fs, path, written)  # lets the readers count records without reading them (equal steps)
+    _commit_output(fs, path)
     logger.info("wrote %d records in %d TFRecord files under %s", sum(n for _, n in written), len(written), target)
     return written
 

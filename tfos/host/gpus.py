@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from typing import Iterable, Sequence
 
@@ -32,7 +33,7 @@ def parse_nvidia_smi(output: str) -> list[tuple[str, int, int]]:
 
 def choose_gpus(num_gpus: int, spark_addresses: Sequence[str] | None,
                 smi: Sequence[tuple[str, int, int]], claimed: Iterable[str],
-                busy_memory_mib: int = 512) -> list[str]:
+                busy_memory_mib: int = 512, host: str = "this host") -> list[str]:
     """Pick GPU ids for one node.
 
     Spark's resource scheduling wins when it assigned GPUs to the task. Otherwise take the
@@ -44,15 +45,22 @@ def choose_gpus(num_gpus: int, spark_addresses: Sequence[str] | None,
     if num_gpus <= 0:
         return []
     if not smi:
-        raise ConfigError(f"{num_gpus} GPU(s) requested but no GPU was found on this host "
-                          "(nvidia-smi missing or reported none); set num_gpus=0 or run on GPU executors")
+        raise ConfigError(f"node needs {num_gpus} GPU(s) on host {host}, but nvidia-smi is not there or shows no GPU "
+                          "(and Spark assigned the task none); set num_gpus=0, or run on GPU executors with Spark GPU "
+                          "scheduling (spark.executor.resource.gpu.amount, spark.task.resource.gpu.amount)")
     claimed = set(claimed)
     free = [g for g in smi if g[0] not in claimed and g[1] < busy_memory_mib]
     free.sort(key=lambda g: (g[1], g[2], int(g[0]) if g[0].isdigit() else 0))
     if len(free) < num_gpus:
-        raise ConfigError(f"{num_gpus} GPU(s) requested but only {len(free)} of {len(smi)} are free on this host "
-                          f"(claimed by other tfos nodes: {sorted(claimed) or 'none'}); lower num_gpus or "
-                          "give Spark GPU resources (spark.executor.resource.gpu.amount)")
+        def state(g):
+            if g[0] in claimed:
+                return f"GPU {g[0]} (claimed by another tfos node)"
+            if g[1] >= busy_memory_mib:
+                return f"GPU {g[0]} ({g[1]} MiB in use: held by another job)"
+            return f"GPU {g[0]} (free)"
+        raise ConfigError(f"node needs {num_gpus} GPU(s) on host {host} and {len(free)} of {len(smi)} are free: "
+                          f"{', '.join(state(g) for g in smi)}; lower num_gpus, wait for the other job, or let Spark "
+                          "schedule GPUs (spark.executor.resource.gpu.amount)")
     return sorted((g[0] for g in free[:num_gpus]), key=lambda s: (len(s), s))
 
 
@@ -83,7 +91,7 @@ def pick_gpus(num_gpus: int, spark_gpus: Sequence[str]) -> list[str]:
     me = os.getpid()
     with claims() as reg:
         others = [g for g, pid in reg["gpus"].items() if pid != me]  # a reused Spark worker may pick again
-        gpus = choose_gpus(num_gpus, None, _smi_gpus(), others)
+        gpus = choose_gpus(num_gpus, None, _smi_gpus(), others, host=socket.gethostname())
         for g in [g for g, pid in reg["gpus"].items() if pid == me and g not in gpus]:
             del reg["gpus"][g]
         for g in gpus:

@@ -124,3 +124,36 @@ def children_peak_rss_mb() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+
+
+#: The signal on which the TF process writes every thread's Python stack (faulthandler) to
+#: STACKS_FILE in its node directory; the node agent sends it when the driver asks.
+STACKS_SIGNAL = signal.SIGUSR1
+STACKS_FILE = "stacks.txt"
+#: The most of a stack dump the agent reads and sends.
+MAX_STACKS_BYTES = 256 * 1024
+
+
+def read_new_output(path: str, start: int, settle_secs: float = 0.3, timeout: float = 3.0) -> str:
+    """What was appended to ``path`` after byte ``start``, once it stopped growing for ``settle_secs``
+    (a signal handler writing it): at most MAX_STACKS_BYTES, "" if nothing came within ``timeout``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    size, stable_since = start, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            now = os.path.getsize(path)
+        except OSError:
+            now = start
+        if now != size:
+            size, stable_since = now, time.monotonic()
+        elif size > start and time.monotonic() - stable_since >= settle_secs:
+            break
+        time.sleep(0.05)
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(MAX_STACKS_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -38,6 +38,7 @@ class Does(enum.Enum):
     NON_RETRYABLE = "run for `run_secs`, then exit 1 with NonRetryable"
     HANG = "run until the driver stops it"
     GO_SILENT = "register, then send nothing more (a lost host)"
+    STALL = "report progress once, then stay alive (heartbeats) without progress; answer stack requests"
     NEVER_REGISTER = "start its agent, never register a TF process"
 
 
@@ -85,7 +86,9 @@ class FakeNode(threading.Thread):
         client.cluster_spec(c.reservation_timeout)
         if self.does is Does.GO_SILENT:
             return None, "", True, False
-        end = time.monotonic() + (long if self.does is Does.HANG else self.run_secs)
+        if self.does is Does.STALL:
+            client.report({"step": 1}, [])
+        end = time.monotonic() + (long if self.does in (Does.HANG, Does.STALL) else self.run_secs)
         if stop or self._heartbeat_until(client, end):
             return -15, "", True, True
         if self.does is Does.FINISH:
@@ -97,11 +100,30 @@ class FakeNode(threading.Thread):
     def _heartbeat_until(self, client: DriverClient, end: float) -> bool:
         """Heartbeat until ``end``; True when the driver (or a cancelled stage) asks to stop first."""
         interval = max(0.05, self.cluster.heartbeat_interval)
+        answered = 0
         while time.monotonic() < end:
-            if self.cancelled.is_set() or client.heartbeat():
+            if self.cancelled.is_set():
                 return True
+            reply = client.heartbeat_reply()
+            if reply.stop:
+                return True
+            if reply.dump > answered:  # the stall watchdog or dump_stacks(): this thread's real stack
+                answered = reply.dump
+                client.node_stacks(reply.dump, _own_stack(), f"fake node {self.index}: last log line")
             self.cancelled.wait(min(interval, max(0.0, end - time.monotonic())))
         return False
+
+
+def _own_stack() -> str:
+    """faulthandler's dump of the calling thread, as a node agent would send it for a TF process."""
+    import faulthandler
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(f, all_threads=False)
+        f.flush()
+        f.seek(0)
+        return f.read()
 
 
 class FakeSpark:

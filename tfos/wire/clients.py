@@ -76,8 +76,8 @@ class DriverClient:
         return self._request(M.GetClusterSpec(self.cluster_id, self.node_index, timeout), timeout=timeout + 30.0,
                              setting="reservation_timeout")
 
-    def report(self, values: dict, events: list, history: list | None = None) -> None:
-        self._request(M.Report(self.cluster_id, self.node_index, values, events, history or []))
+    def report(self, values: dict, events: list, history: list | None = None, output: list | None = None) -> None:
+        self._request(M.Report(self.cluster_id, self.node_index, values, events, history or [], output or []))
 
     def log_model(self, path: str) -> None:
         self._request(M.LogModel(self.cluster_id, self.node_index, path))
@@ -91,6 +91,16 @@ class DriverClient:
     def feed_terminated(self, qname: str) -> None:
         self._request(M.FeedTerminated(self.cluster_id, self.node_index, qname))
 
+    def gather(self, key: str, value: int, wait: float = 5.0) -> M.GatherReply:
+        """Give this rank's ``value`` for all-gather ``key``; the driver answers with every rank's
+        once all are in (it waits up to ``wait`` s for them), else with the ranks still missing."""
+        return self._request(M.Gather(self.cluster_id, self.node_index, key, int(value), wait), timeout=wait + 30.0)
+
+    def feed_gate(self, feed_id: str, need: int, wait: float = 5.0) -> M.FeedGateReply:
+        """The driver's safe row count of a feed for this node (waits server side up to ``wait`` s
+        for it to reach ``need``); ``complete`` with the live nodes' totals once the feed is."""
+        return self._request(M.FeedGate(self.cluster_id, self.node_index, feed_id, need, wait), timeout=wait + 30.0)
+
     # -- agent
     def agent_started(self, host: str, agent_pid: int, tf_pid: int, log_path: str) -> bool:
         """Returns True if the driver already asked this node to stop."""
@@ -99,7 +109,14 @@ class DriverClient:
 
     def heartbeat(self, timeout: float = 5.0) -> bool:
         """Returns True when the driver asks this node to stop."""
-        return self._request(M.Heartbeat(self.cluster_id, self.node_index), timeout=timeout).stop
+        return self.heartbeat_reply(timeout).stop
+
+    def heartbeat_reply(self, timeout: float = 5.0) -> M.HeartbeatReply:
+        """The driver's answer: whether to stop, and whether it wants the TF process's stacks."""
+        return self._request(M.Heartbeat(self.cluster_id, self.node_index), timeout=timeout)
+
+    def node_stacks(self, request: int, stacks: str, log_tail: str) -> None:
+        self._request(M.NodeStacks(self.cluster_id, self.node_index, request, stacks, log_tail), timeout=10.0)
 
     def node_exited(self, exit_code: int, traceback: str, log_tail: str, log_path: str,
                     stopped_by_driver: bool, reason: str, retryable: bool = True, timeout: float = 10.0,
@@ -109,11 +126,14 @@ class DriverClient:
 
     # -- feeding task
     def assign_chunk(self, feed_id: str, rows: int, failed_node: int = -1, partition: int = -1,
-                     columns: tuple[M.Column, ...] | None = None) -> int:
-        """The node that takes the next ``rows`` rows (-1: every node stopped reading). With
-        ``columns`` (a partition's first chunk) the driver also checks them against the feed's."""
-        return self._request(M.AssignChunk(self.cluster_id, feed_id, rows, failed_node, partition,
-                                           columns)).node_index
+                     columns: tuple[M.Column, ...] | None = None) -> list[tuple[int, int]]:
+        """Where the next ``rows`` rows go: ``[(node, rows)]`` in order, one piece or several (the
+        driver levels the nodes' shares); empty when every node stopped reading. With ``columns``
+        (a partition's first chunk) the driver also checks them against the feed's."""
+        reply = self._request(M.AssignChunk(self.cluster_id, feed_id, rows, failed_node, partition, columns))
+        if reply.node_index < 0:
+            return []
+        return list(reply.pieces) or [(reply.node_index, rows)]
 
 
 class FeedClient:
@@ -127,8 +147,9 @@ class FeedClient:
                                   setting="feed_timeout", retry=False)
         self.ch.settimeout(timeout)
 
-    def begin(self, feed_id: str, qname: str, partition: int, train: bool) -> None:
-        self.ch.send(M.FeedBegin(feed_id, qname, partition, train))
+    def begin(self, feed_id: str, qname: str, partition: int, train: bool, uneven: str = "",
+              ranks: int = 1) -> None:
+        self.ch.send(M.FeedBegin(feed_id, qname, partition, train, uneven, ranks))
 
     def send_batch(self, ipc_payload) -> None:
         self.ch.send_data(ipc_payload)
@@ -167,15 +188,17 @@ class FeedClient:
 
 
 def end_feed(host: str, port: int, secret: str, node: int, feed_id: str, qname: str, rows: int,
-             timeout: float, setting: str = "feed_timeout", while_waiting=None) -> M.FeedAck:
-    """Tell node ``node``'s feed hub that feed ``feed_id`` is complete (``rows`` were sent to it);
-    returns once the hub queued the end marker (which waits for room in a full queue). While
-    waiting, ``while_waiting()`` runs every half second and may raise to give up early."""
+             timeout: float, setting: str = "feed_timeout", while_waiting=None, totals=(),
+             uneven: str = "") -> M.FeedAck:
+    """Tell node ``node``'s feed hub that feed ``feed_id`` is complete (``rows`` were sent to it;
+    ``totals``: (node, rows) of every node still reading it); returns once the hub queued the end
+    marker (which waits for room in a full queue). While waiting, ``while_waiting()`` runs every
+    half second and may raise to give up early."""
     with Channel.connect(host, port, secret, timeout=min(timeout, 30.0), what=f"feed of node {node}",
                          setting=setting, retry=False) as ch:
         ch.settimeout(timeout)
         try:
-            return ch.request(M.FeedEnd(feed_id, qname, rows), while_waiting)
+            return ch.request(M.FeedEnd(feed_id, qname, rows, tuple(totals), uneven), while_waiting)
         except socket.timeout:
             raise TFOSTimeoutError(f"the feed of node {node} at {host}:{port} did not answer within "
                                    f"{timeout:.0f}s; raise {setting}") from None

@@ -15,134 +15,10 @@ Nothing is ever unpickled from a socket.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
-from tfos.errors import ProtocolError
-
-PROTOCOL_VERSION = 3
-_MAX_INT = 2 ** 63
-
-_REGISTRY: dict[str, type] = {}
-_HINTS: dict[type, dict] = {}
-
-
-def message(cls):
-    """Class decorator: a frozen dataclass in the registry (it can travel as a JSON frame)."""
-    cls = dataclass(frozen=True)(cls)
-    _REGISTRY[cls.__name__] = cls
-    return cls
-
-
-# --------------------------------------------------------------------------- codec
-
-def _to_wire(value):
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_to_wire(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _to_wire(v) for k, v in value.items()}
-    return value
-
-
-def encode(msg) -> bytes:
-    if _REGISTRY.get(type(msg).__name__) is not type(msg):
-        raise ProtocolError(f"{type(msg).__name__} is not a tfos message")
-    body = _to_wire(msg)
-    body["type"] = type(msg).__name__
-    body["v"] = PROTOCOL_VERSION
-    return json.dumps(body, separators=(",", ":")).encode("utf-8")
-
-
-def decode(data: bytes):
-    try:
-        body = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ProtocolError(f"frame is not valid JSON: {str(e)[:200]}") from None
-    if not isinstance(body, dict):
-        raise ProtocolError("frame is not a JSON object")
-    if body.pop("v", None) != PROTOCOL_VERSION:
-        raise ProtocolError(f"message version mismatch (this side speaks v{PROTOCOL_VERSION}); "
-                            "install the same tfos version on the driver and the executors")
-    name = body.pop("type", None)
-    cls = _REGISTRY.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise ProtocolError("unknown message type")
-    return _build(cls, body, cls.__name__)
-
-
-def _hints(cls) -> dict:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = typing.get_type_hints(cls)
-        _HINTS[cls] = hints
-    return hints
-
-
-def _build(cls, body, where: str):
-    if not isinstance(body, dict):
-        raise ProtocolError(f"{where}: expected an object")
-    hints = _hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in body:
-            kwargs[f.name] = _check(hints[f.name], body[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{where}: missing field {f.name!r}")
-    return cls(**kwargs)
-
-
-def _check(tp, value, where: str):
-    """``value`` (decoded JSON) as type ``tp``, or ProtocolError."""
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _check(inner[0], value, where)
-    if tp in _REGISTRY.values():
-        return _build(tp, value, where)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            if -_MAX_INT <= value < _MAX_INT:
-                return value
-            raise ProtocolError(f"{where}: integer out of range")
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif origin is tuple or tp is tuple:
-        if isinstance(value, list):
-            if not args:
-                return tuple(value)
-            if len(args) == 2 and args[1] is Ellipsis:
-                return tuple(_check(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-            if len(args) == len(value):
-                return tuple(_check(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    elif origin is list or tp is list:
-        if isinstance(value, list):
-            return [_check(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)] if args else value
-    elif origin is dict or tp is dict:
-        if isinstance(value, dict):
-            if not args:
-                return value
-            return {k: _check(args[1], v, f"{where}[{k!r}]") for k, v in value.items()}
-    else:
-        raise ProtocolError(f"{where}: unsupported field type {tp!r}")
-    raise ProtocolError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {type(value).__name__}")
+from tfos.wire.codec import PROTOCOL_VERSION, decode, encode, message  # noqa: F401 (the registry's API)
 
 
 # --------------------------------------------------------------------------- configurations
@@ -190,6 +66,8 @@ class ClusterConfig:
     feed_queue_chunks: int = 4
     attempt: int = 0  # 0 on the first start, k after the k-th restart (max_restarts)
     checkpoint_dir: str = ""  # ctx.checkpoint_dir: the same on every attempt
+    node_output: str = "chief"  # whose printed lines reach the driver's console: chief (rank 0), all, none
+    versions: dict[str, str] = field(default_factory=dict)  # the driver's tfos and TensorFlow (executors compare)
 
 
 @message
@@ -226,6 +104,7 @@ class FeedConfig:
     feed_nodes: tuple[int, ...]
     feed_addresses: tuple[tuple[int, str, int], ...]  # (node index, host, feed port)
     chunk_rows: int | None = None
+    uneven: str = "drop"  # equal steps on every rank (tfos.feed.uneven); "" turns the gate off
 
     def address(self, node: int) -> tuple[str, int]:
         for i, host, port in self.feed_addresses:
@@ -332,6 +211,7 @@ class Report:  # TF process -> driver: progress values, timeline events, ctx.rep
     values: dict[str, Any]
     events: list[dict[str, Any]] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)  # each ctx.report() call: {"t": ..., values}
+    output: list[str] = field(default_factory=list)  # lines main_fun printed, when this node streams them
 
 
 @message
@@ -360,11 +240,64 @@ class ClusterSpecReply:
 @message
 class HeartbeatReply:
     stop: bool
+    dump: int = 0  # > 0: the driver wants every thread's stack of the TF process (request number)
+
+
+@message
+class NodeStacks:
+    """Agent -> driver: the TF process's Python stacks (every thread) for stack request ``request``,
+    and the node log's last lines."""
+
+    cluster_id: str
+    node_index: int
+    request: int
+    stacks: str
+    log_tail: str = ""
+
+
+@message
+class Gather:
+    """TF process -> driver: this training rank's ``value`` for the all-gather ``key``; answered
+    once every training rank gave its value, or after ``wait`` seconds (at most 10; ask again)."""
+
+    cluster_id: str
+    node_index: int
+    key: str
+    value: int
+    wait: float = 5.0
+
+
+@message
+class GatherReply:
+    values: tuple[int, ...] = ()  # every training rank's value by rank, once all are in (else empty)
+    missing: tuple[int, ...] = ()  # the ranks still to give theirs
+
+
+@message
+class FeedGate:
+    """TF process -> driver: may this node take rows up to ``need`` of feed ``feed_id``? The driver
+    answers once every node still reading the feed has been sent that many rows, once the feed is
+    complete, or after ``wait`` seconds (at most 10), whichever comes first."""
+
+    cluster_id: str
+    node_index: int
+    feed_id: str
+    need: int
+    wait: float = 5.0
+
+
+@message
+class FeedGateReply:
+    safe: int  # the fewest rows sent so far to a node still reading this feed
+    complete: bool = False  # every row of the feed has been assigned: ``totals`` is final
+    totals: tuple[tuple[int, int], ...] = ()  # (node index, rows) of the nodes still reading, when complete
+    own: int = -1  # rows sent to the asking node, when complete
 
 
 @message
 class AssignReply:
     node_index: int  # -1: every node stopped reading; skip the rest of the partition
+    pieces: tuple[tuple[int, int], ...] = ()  # (node, rows): the chunk split to keep shares level
 
 
 # --------------------------------------------------------------------------- feed channels
@@ -375,6 +308,8 @@ class FeedBegin:  # feeding task -> feed hub, then Arrow frames
     qname: str
     partition: int
     train: bool
+    uneven: str = ""  # the feed's policy for unequal rows per rank ("": no gate)
+    ranks: int = 1  # how many nodes this feed feeds (a lone rank needs no gate)
 
 
 @message
@@ -393,6 +328,8 @@ class FeedEnd:
     feed_id: str
     qname: str
     rows: int
+    totals: tuple[tuple[int, int], ...] = ()  # (node index, rows) of every node still reading this feed
+    uneven: str = ""  # the feed's policy for unequal rows (a node that got no rows decides by it)
 
 
 @message

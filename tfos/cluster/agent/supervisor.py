@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,15 +79,34 @@ def memory_environment(env) -> dict[str, str]:
     return out
 
 
-def node_log_path(node_dir: str, node_index: int, env) -> str:
+def node_log_path(logs_dir: str, node_index: int, env) -> str:
     """Pure: where the node's log (the TF process's stdout and stderr) goes. In a YARN container
     (``LOG_DIRS`` set by the NodeManager) it is the container's first log directory, so
-    ``yarn logs -applicationId ...`` collects it with the executor's own logs and it outlives the
-    node directory; elsewhere ``node.log`` in the node directory."""
+    ``yarn logs -applicationId ...`` collects it with the executor's own logs; elsewhere
+    ``node-<i>.log`` in ``logs_dir`` (:func:`kept_logs_dir`). Both outlive the node directory."""
     log_dirs = [d for d in env.get("LOG_DIRS", "").split(",") if d]
     if log_dirs:
         return os.path.join(log_dirs[0], f"tfos-node-{node_index}.log")
-    return os.path.join(node_dir, "node.log")
+    return os.path.join(logs_dir, f"node-{node_index}.log")
+
+
+#: node logs of this many clusters are kept on each host (the oldest directories go first)
+KEEP_CLUSTER_LOGS = 20
+
+
+def kept_logs_dir(cluster_id: str) -> str:
+    """``<tmp>/tfos-<uid>/logs/<cluster_id>`` (private, 0700): the node logs of a cluster, kept after
+    it ends; creating it removes the oldest clusters' logs beyond KEEP_CLUSTER_LOGS."""
+    parent = private.private_dir("logs")
+    path = private.private_dir("logs", cluster_id)
+    try:
+        others = sorted((e for e in os.scandir(parent) if e.is_dir(follow_symlinks=False) and e.path != path),
+                        key=lambda e: e.stat(follow_symlinks=False).st_mtime)
+    except OSError:
+        return path
+    for old in others[:max(0, len(others) - (KEEP_CLUSTER_LOGS - 1))]:
+        shutil.rmtree(old.path, ignore_errors=True)
+    return path
 
 
 class NodeAgent:
@@ -95,9 +115,11 @@ class NodeAgent:
         self.driver = DriverClient.for_node(cfg)
         self.stop_event = threading.Event()
         self.proc: subprocess.Popen | None = None  # the reaper, parent of the TF process
-        self.log_path = node_log_path(cfg.node_dir, cfg.node_index, os.environ)
+        self.log_path = node_log_path(kept_logs_dir(cfg.cluster.cluster_id) if "LOG_DIRS" not in os.environ else "",
+                                      cfg.node_index, os.environ)
         self.error_path = os.path.join(cfg.node_dir, "error.txt")
         self._watch_w: int | None = None
+        self._dumped = 0  # the last stack request answered
 
     def start_tf_process(self, gpus: list[str]) -> None:
         cfg = self.cfg
@@ -171,16 +193,41 @@ class NodeAgent:
                 logger.error("executor JVM %d is gone; stopping the TF process", jvm)
                 return f"the executor JVM (pid {jvm}) is gone"
             try:
-                stop = self.driver.heartbeat(timeout=5.0)
+                reply = self.driver.heartbeat_reply(timeout=5.0)
                 last_contact = time.monotonic()
-                if stop:
+                if reply.stop:
                     logger.info("driver asked node %d to stop", self.cfg.node_index)
                     return "driver"
+                if reply.dump > self._dumped:  # the driver wants the TF process's stacks (stall, dump_stacks)
+                    self._dumped = reply.dump
+                    threading.Thread(target=self.send_stacks, args=(reply.dump,), name="tfos-stacks",
+                                     daemon=True).start()
             except (TFOSError, OSError) as e:
                 if time.monotonic() - last_contact > c.heartbeat_timeout:
                     logger.error("lost the driver for %.0fs (%s); stopping the TF process", c.heartbeat_timeout, e)
                     return f"{DRIVER_LOST} for {c.heartbeat_timeout:.0f}s"
             self.stop_event.wait(c.heartbeat_interval)
+
+    def send_stacks(self, request: int) -> None:
+        """Have the TF process write every thread's stack (STACKS_SIGNAL) and send them to the driver
+        with the log's last lines."""
+        path = os.path.join(self.cfg.node_dir, processes.STACKS_FILE)
+        pid = tf_process_pid(self.proc.pid)
+        text = "(the TF process is not running)"
+        if pid is not None:
+            try:
+                start = os.path.getsize(path)
+            except OSError:
+                start = 0
+            try:
+                os.kill(pid, processes.STACKS_SIGNAL)
+                text = processes.read_new_output(path, start) or "(the TF process wrote no stacks within 3s)"
+            except OSError as e:
+                text = f"(could not signal the TF process {pid}: {e})"
+        try:
+            self.driver.node_stacks(request, text, processes.tail(self.log_path, 40))
+        except (TFOSError, OSError) as e:
+            logger.warning("could not send the TF process's stacks: %s", e)
 
     def report_exit(self, code: int, stopped_by_driver: bool, reason: str = "", peak_rss_mb: int = 0) -> None:
         """Tell the driver how the TF process ended: retried for REPORT_EXIT_SECS, or tried once
@@ -206,6 +253,19 @@ class NodeAgent:
                     logger.warning("could not report the exit to the driver (%d attempts): %s", attempt, e)
                     return
                 time.sleep(1.0)
+
+
+def tf_process_pid(reaper_pid: int) -> int | None:
+    """The TF process: the reaper's child that runs ``-m tfos.cluster.node`` (None once it ended)."""
+    for pid, ppid in reaper.process_parents().items():
+        if ppid == reaper_pid:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if TF_PROCESS_MODULE.encode() in f.read():
+                        return pid
+            except OSError:
+                continue
+    return None
 
 
 def _reaper_dies_with_agent() -> None:

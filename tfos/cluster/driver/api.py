@@ -13,7 +13,6 @@ restarts, the failure policy), the node registry and feed scheduler behind the c
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import os
 import tempfile
@@ -24,11 +23,13 @@ from tfos.cluster.driver.lifecycle import Phase
 from tfos.cluster.driver.progress import quiet_py4j
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.service import listen
-from tfos.cluster.driver.settings import check_picklable, cluster_config, seconds as _seconds, validate_reserve
+from tfos.cluster.driver.settings import (check_picklable, cluster_config, require_mlflow, seconds as _seconds,
+                                          validate_reserve)
 from tfos.cluster.driver.supervisor import Supervisor
 from tfos.errors import ClusterStateError, ConfigError, NodeFailedError, TFOSError
 from tfos.feed.driver.jobs import FeedJobs
 from tfos.feed.driver.scheduler import FeedScheduler
+from tfos.feed.uneven import check_policy
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 
@@ -95,7 +96,8 @@ class TFCluster:
                 tensorboard_host: str | None = None, tensorboard_port: int = 0, mlflow: bool = False,
                 mlflow_run=None, mlflow_experiment: str | None = None, max_restarts: int = 0,
                 restart_backoff: float = 5.0, checkpoint_dir: str | None = None,
-                preimport_tensorflow: bool = True) -> "TFCluster":
+                preimport_tensorflow: bool = True, stall_timeout: float | None = 300,
+                node_output: str | None = "chief") -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         ``sc``: a SparkContext, a SparkSession, or a Spark Connect SparkSession (then the data
@@ -124,6 +126,11 @@ class TFCluster:
         ``<log_dir>/checkpoint``: storage every node reads, the same on every attempt). A failure
         raised as ``tfos.NonRetryable`` (or ConfigError) is never retried. See docs/design.md §5.1.
 
+        ``stall_timeout``: no training rank's progress (feed reads, ``ctx.report``, Keras callbacks) for
+        this long while every node lives fails the cluster with StallError and every rank's stacks.
+        ``node_output``: whose prints show here as they come ('chief': rank 0, 'all', None); every
+        node's whole log is kept on its host (the paths are logged at the end).
+
         ``preimport_tensorflow``: each TF process imports TensorFlow in a background thread once
         it has registered, while it waits for the other nodes, so main_fun starts with TF loaded.
         TF then reads its import-time environment before main_fun runs: put such settings
@@ -135,9 +142,8 @@ class TFCluster:
             from tfos.cluster.driver.tensorboard import require_tensorboard
 
             require_tensorboard()
-        if (mlflow or mlflow_run is not None) and importlib.util.find_spec("mlflow") is None:
-            raise ConfigError("mlflow=True / mlflow_run= need the mlflow package on the driver: pip install "
-                              "tfos[mlflow] (or mlflow), or leave them out")
+        if mlflow or mlflow_run is not None:
+            require_mlflow()
         quiet_py4j()
         spark = S.spark_entry(sc)
         if (spark.conf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
@@ -156,11 +162,12 @@ class TFCluster:
         config = cluster_config(address, roles, reservation_timeout, log_dir, spark.default_fs(), num_gpus, env,
                                 release_port, preimport_tensorflow, heartbeat_interval, heartbeat_timeout,
                                 stop_grace_secs, timeline, report_interval, mlflow or mlflow_run is not None,
-                                checkpoint_dir)
+                                checkpoint_dir, node_output)
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         cluster = cls(spark, roles, backend_obj, config, default_mode, timeline, progress, address)
         cluster.supervisor.max_restarts = max_restarts
         cluster.supervisor.restart_backoff = _seconds("restart_backoff", restart_backoff, allow_zero=True)
+        cluster.supervisor.stall_timeout = None if stall_timeout is None else _seconds("stall_timeout", stall_timeout)
         if mlflow or mlflow_run is not None:
             cluster._open_tracker(mlflow_run, mlflow_experiment, {
                 "num_executors": num_executors, "num_ps": num_ps, "master_node": master_node, "eval_node": eval_node,
@@ -213,21 +220,9 @@ class TFCluster:
         for the trainers (shutdown's timeout); ``kwargs`` go to :meth:`reserve` (``num_gpus``,
         ``env``, ``eval_node``, ``reservation_timeout``, ...). InputMode.TENSORFLOW.
         """
-        from tfos.cluster.node.script import Script, script_main
+        from tfos.cluster.driver.script import run_script
 
-        try:
-            with open(script, "rb") as f:
-                source = f.read()
-        except OSError as e:
-            raise ConfigError(f"cannot read the script {script!r} on the driver: {e}") from None
-        if isinstance(argv, str):
-            raise ConfigError("argv must be a list of arguments, e.g. ['--epochs', '3'], not a string")
-        kwargs["release_port"] = True  # the script's TF server binds the ports in TF_CONFIG
-        cluster = cls.reserve(sc, num_executors, num_ps, master_node=master_node,
-                              input_mode=InputMode.TENSORFLOW, **kwargs)
-        with cluster:
-            cluster.start(script_main, Script(os.path.basename(script), source, tuple(map(str, argv))))
-            cluster.shutdown(grace_secs=grace_secs, timeout=timeout)
+        run_script(cls, sc, script, argv, num_executors, num_ps, master_node, timeout, grace_secs, kwargs)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, main_fun, tf_args=None, input_mode=None) -> "TFCluster":
@@ -247,12 +242,13 @@ class TFCluster:
 
             self._tracker.log_params(dict(args_params(tf_args), input_mode=input_mode.name))
 
+        from tfos.cluster.driver.progress import NodeOutput, ProgressMonitor
+
         def show_progress():
             if self._progress_enabled:
-                from tfos.cluster.driver.progress import ProgressMonitor
-
                 self._progress = ProgressMonitor(self).start()
 
+        self.registry.on_output = NodeOutput(self)
         self.supervisor.start((main_fun, tf_args, self.backend.node_hooks()), input_mode, show_progress)
         self.feeds.cluster = self.config
         return self
@@ -290,16 +286,30 @@ class TFCluster:
         """Latest values each node sent with ``ctx.report(...)``, by node index."""
         return self.registry.metrics()
 
+    def dump_stacks(self, timeout: float = 10.0) -> str:
+        """Every running node's Python stacks (every thread of its TF process) and last log lines,
+        with where each rank stands: what the stall watchdog reports, on demand (e.g. from a notebook
+        while training seems stuck). Nodes that do not answer within ``timeout`` are named."""
+        return self.supervisor.stall_report(None, timeout)
+
     @property
     def feed_rows_total(self) -> dict[int, int]:
         """Rows fed to each node over all train() calls."""
         return self.feeds.rows_total
 
     def train(self, data, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input",
-              chunk_rows: int | None = None) -> int:
+              chunk_rows: int | None = None, uneven: str | None = "drop") -> int:
         """Stream ``data`` (an RDD of tuples/lists/dicts/arrays, or a DataFrame) into the training
         nodes ``num_epochs`` times (InputMode.SPARK). Every row reaches exactly one node once per
         epoch, shares balanced across nodes; then every node's feed ends. Returns the rows fed.
+
+        Every node reads the same number of batches (``next_batch``/``batches``/``dataset``), so no
+        rank waits in a collective for a rank whose data ran out. ``uneven`` says what happens to
+        rows that would break that: ``"drop"`` (the surplus: the shares part by ~0.4% at most),
+        ``"pad"`` (short nodes repeat a row with weight 0; batches get a ``sample_weight`` column),
+        ``"error"`` (UnevenDataError on every node, with each node's rows) or None (no gate; only
+        for nodes that run no collective per batch). Dropped and padded rows are logged and in
+        ``cluster.metrics()`` (``rows_dropped``, ``rows_padded``).
 
         Raises FeedTimeoutError if a node accepts no data for ``feed_timeout`` seconds, FeedError
         for rows that cannot be converted, NodeFailedError if a node fails meanwhile.
@@ -311,20 +321,9 @@ class TFCluster:
         self._check_running("train")
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ConfigError(f"num_epochs must be a positive int, got {num_epochs!r}")
-        if self.max_restarts <= 0:
-            return self.feeds.train(data, num_epochs, feed_timeout, qname, chunk_rows)
-        fed, done = 0, 0
-        while True:
-            epochs_done: list[int] = []  # rows of each epoch fed completely in this attempt
-            try:
-                return fed + self.feeds.train(data, num_epochs - done, feed_timeout, qname, chunk_rows,
-                                              epochs_done=epochs_done)
-            except NodeFailedError:
-                done += len(epochs_done)
-                fed += sum(epochs_done)
-                logger.warning("tfos: a node failed while feeding epoch %d of %d; restarting the cluster",
-                               done + 1, num_epochs)
-                self.supervisor.handle_failures()  # raises when no restart is allowed
+        uneven = check_policy(uneven)
+        return self.supervisor.train(lambda epochs, done: self.feeds.train(
+            data, epochs, feed_timeout, qname, chunk_rows, epochs_done=done, uneven=uneven), num_epochs)
 
     def inference(self, data, feed_timeout: float = 600, qname: str = "input", chunk_rows: int | None = None,
                   output_column: str = "prediction", output_type: str | None = None):

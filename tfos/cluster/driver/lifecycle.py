@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+import signal
 import threading
 
 from tfos.errors import ClusterStateError, TFOSError
@@ -184,3 +185,31 @@ def first_cause_first(failures) -> list:
     """Pure: ``failures`` with the nodes that failed on their own first, then those whose error
     says a peer failed (an aborted collective, a closed socket); otherwise in the order given."""
     return sorted(failures, key=lambda f: bool(SECONDARY_FAILURE.search(f.traceback or f.reason or "")))
+
+
+def exit_reason(exit_code: int, raised: bool, agent_reason: str = "", peak_rss_mb: int = 0) -> str:
+    """Pure: why a node's TF process ended, as the driver says it. A SIGKILL the node agent did not
+    send is most often the kernel's OOM killer: say so, with the peak memory the agent saw."""
+    if raised:
+        reason = "the TF process raised an exception"
+    else:
+        reason = f"TF process exited with code {exit_code}"
+        if exit_code < 0:
+            reason += f" (killed by signal {-exit_code})"
+        if exit_code == -signal.SIGKILL and not agent_reason:
+            reason += (", likely by the kernel's OOM killer" + (f" (peak RSS {peak_rss_mb} MB)" if peak_rss_mb else "")
+                       + ": give the node more memory (spark.executor.memoryOverhead, or fewer nodes per host) "
+                       "or make main_fun use less; the host's kernel log (dmesg) names the OOM kill")
+    if agent_reason:
+        reason += f"; the node agent stopped it: {agent_reason}"
+    return reason
+
+
+#: report values that change without the node making progress
+NOT_PROGRESS = frozenset({"time", "feed_wait_secs"})
+
+
+def shows_progress(before: dict, values: dict) -> bool:
+    """Pure: a report whose ``values`` show progress over the node's last ones: a step, a loss, rows
+    read... anything but the clock and the time spent waiting for data changed."""
+    return any(before.get(k, object()) != v for k, v in values.items() if k not in NOT_PROGRESS)

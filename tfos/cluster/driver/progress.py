@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 
 logger = logging.getLogger(__name__)
@@ -13,8 +14,12 @@ logger = logging.getLogger(__name__)
 
 
 def rank_table(roles, nodes_state, feed_rows: dict) -> str:
-    """Pure: the end-of-run table, one line per node."""
+    """Pure: the end-of-run table, one line per node; the rows a node dropped or padded for equal
+    steps (``uneven``) get columns when any node has some."""
+    extra = [k for k in ("rows_dropped", "rows_padded")
+             if any(st.get("metrics", {}).get(k) for st in nodes_state.values())]
     head = f"{'node':>4} {'role':<12} {'host':<16} {'step':>7} {'loss':>9} {'ex/s':>9} {'rows fed':>9} {'exit':>5}"
+    head += "".join(f" {k.replace('rows_', ''):>8}" for k in extra)
     lines = [head, "-" * len(head)]
     for i, (job, idx) in enumerate(roles):
         st = nodes_state.get(i, {})
@@ -24,7 +29,8 @@ def rank_table(roles, nodes_state, feed_rows: dict) -> str:
         lines.append(f"{i:>4} {job + ':' + str(idx):<12} {str(st.get('host', '?'))[:16]:<16} "
                      f"{str(m.get('step', '-')):>7} {('%.4f' % loss) if isinstance(loss, (int, float)) else '-':>9} "
                      f"{('%.0f' % eps) if isinstance(eps, (int, float)) else '-':>9} "
-                     f"{feed_rows.get(i, 0):>9} {str(st.get('exit', '-')):>5}")
+                     f"{feed_rows.get(i, 0):>9} {str(st.get('exit', '-')):>5}"
+                     + "".join(f" {m.get(k, 0):>8}" for k in extra))
     return "\n".join(lines)
 
 
@@ -55,6 +61,26 @@ def quiet_py4j() -> None:
         lg = logging.getLogger(name)
         if lg.level == logging.NOTSET:
             lg.setLevel(logging.WARNING)
+
+
+class NodeOutput:
+    """Prints the lines the nodes' main_fun printed (reserve(node_output=...)) on the driver's
+    console, each with its node's role, above the progress bar when there is one."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self._lock = threading.Lock()
+
+    def __call__(self, node_index: int, lines: list) -> None:
+        job, idx = self.cluster.roles[node_index]
+        text = "".join(f"[{job}:{idx}] {line}\n" for line in lines)
+        bar = getattr(self.cluster._progress, "_bar", None)
+        with self._lock:
+            if bar is not None:
+                bar.write(text.rstrip("\n"), file=sys.stdout)
+            else:
+                sys.stdout.write(text)
+                sys.stdout.flush()
 
 
 class ProgressMonitor:
@@ -134,6 +160,11 @@ def end_of_run(cluster_id: str, roles, summary, rows_total: dict, driver_events:
     nodes_state, events, hosts = summary
     table = rank_table(roles, nodes_state, rows_total)
     logger.info("tfos cluster %s per-rank summary:\n%s", cluster_id, table)
+    logs = [f"  node {i} ({job}:{idx}) on {st.get('host', '?')}: {st['log']}"
+            for i, ((job, idx), st) in enumerate(zip(roles, (nodes_state.get(i, {}) for i in range(len(roles)))))
+            if st.get("log")]
+    if logs:
+        logger.info("tfos cluster %s node logs (kept on each host):\n%s", cluster_id, "\n".join(logs))
     if not timeline_request:
         return table, None
     path = write_timeline(timeline_request, chrome_trace(roles, hosts, events, driver_events))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
 
+from tfos import topology
+from tfos.cluster.driver.lifecycle import exit_reason, shows_progress
 from tfos.errors import NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
 from tfos.wire import messages as M
 
@@ -35,6 +36,8 @@ class NodeState:
     stop: bool = False
     metrics: dict = field(default_factory=dict)
     events: list = field(default_factory=list)  # timeline events reported by the node
+    progress_at: float | None = None  # when a report last showed progress (monotonic)
+    stacks: M.NodeStacks | None = None  # the answer to the latest stack request
 
 
 @dataclass(frozen=True)
@@ -63,24 +66,6 @@ class Snapshot:
         return self.exited[i] is not None and self.exited[i].exit_code == 0
 
 
-def exit_reason(exit_code: int, raised: bool, agent_reason: str = "", peak_rss_mb: int = 0) -> str:
-    """Pure: why a node's TF process ended, as the driver says it. A SIGKILL the node agent did not
-    send is most often the kernel's OOM killer: say so, with the peak memory the agent saw."""
-    if raised:
-        reason = "the TF process raised an exception"
-    else:
-        reason = f"TF process exited with code {exit_code}"
-        if exit_code < 0:
-            reason += f" (killed by signal {-exit_code})"
-        if exit_code == -signal.SIGKILL and not agent_reason:
-            reason += (", likely by the kernel's OOM killer" + (f" (peak RSS {peak_rss_mb} MB)" if peak_rss_mb else "")
-                       + ": give the node more memory (spark.executor.memoryOverhead, or fewer nodes per host) "
-                       "or make main_fun use less; the host's kernel log (dmesg) names the OOM kill")
-    if agent_reason:
-        reason += f"; the node agent stopped it: {agent_reason}"
-    return reason
-
-
 class NodeRegistry:
     def __init__(self, cluster_id: str, roles: list[tuple[str, int]], on_complete=None, max_wait: float = 600.0):
         self.cluster_id = cluster_id
@@ -97,7 +82,10 @@ class NodeRegistry:
         self.on_complete = on_complete  # nodes -> backend config, called once when every node registered
         self.backend_config: dict | None = None
         self.on_history = None  # (node_index, [ctx.report entries]) -> None: the MLflow run's metrics
+        self.on_output = None  # (node_index, [printed lines]) -> None: the driver's console
         self.model_paths: dict[int, str] = {}  # ctx.log_model(path), by node
+        self.stack_request = 0  # the latest request for every TF process's stacks (0: none yet)
+        self.gathers: dict[str, dict[int, int]] = {}  # all-gather key -> {training rank: value}
 
     # -- waiting and reading, for every other module
     def wait_until(self, predicate, timeout: float | None, what: str = "", setting: str | None = None,
@@ -224,6 +212,7 @@ class NodeRegistry:
             self.lost = []
             self.abort_reason = None
             self.backend_config = None
+            self.gathers = {}
             self.cond.notify_all()
         return True
 
@@ -300,7 +289,56 @@ class NodeRegistry:
         with self.cond:
             n = self.node(msg.node_index)
             n.last_heartbeat = time.monotonic()
-            return M.HeartbeatReply(stop=n.stop)
+            answered = n.stacks is not None and n.stacks.request == self.stack_request
+            return M.HeartbeatReply(stop=n.stop, dump=0 if answered else self.stack_request)
+
+    def on_gather(self, msg: M.Gather):
+        """A training rank's value for an all-gather (``ctx.all_gather``): every rank's, by rank,
+        once all are in; else after ``wait`` seconds the ranks still missing."""
+        rank = topology.training_rank(*self.roles[msg.node_index], self.roles) if 0 <= msg.node_index < len(
+            self.roles) else None
+        if rank is None:
+            raise ProtocolError(f"node {msg.node_index} is not a training rank: it takes no part in all-gathers")
+        size = topology.num_training_nodes(self.roles)
+        with self.cond:
+            values = self.gathers.setdefault(msg.key, {})
+            if len(self.gathers) > 1024:
+                return M.ErrorReply("too many all-gathers in one attempt (at most 1024 keys)")
+            values[rank] = msg.value
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: len(values) == size, timeout=min(max(msg.wait, 0.0), 10.0))
+            if len(values) < size:
+                return M.GatherReply((), tuple(r for r in range(size) if r not in values))
+            return M.GatherReply(tuple(values[r] for r in range(size)))
+
+    def on_node_stacks(self, msg: M.NodeStacks):
+        with self.cond:
+            n = self.node(msg.node_index)
+            if msg.request == self.stack_request:
+                n.stacks = msg
+                self.cond.notify_all()
+        return M.Ack()
+
+    def collect_stacks(self, timeout: float) -> dict[int, M.NodeStacks]:
+        """Ask every running node's agent for its TF process's stacks (through the heartbeat
+        replies) and wait up to ``timeout`` for the answers; the answers by node."""
+        with self.cond:
+            self.stack_request += 1
+            request = self.stack_request
+
+            def answered():
+                return {i: n.stacks for i, n in self.nodes.items() if n.stacks and n.stacks.request == request}
+
+            running = [i for i, n in self.nodes.items() if n.agent and n.exited is None]
+            self.cond.wait_for(lambda: set(running) <= set(answered()), timeout)
+            return answered()
+
+    def last_progress(self, which) -> float | None:
+        """When the most recent progress of any of ``which`` nodes was reported (monotonic), None
+        while none has reported any."""
+        with self.cond:
+            times = [self.nodes[i].progress_at for i in which if self.nodes[i].progress_at is not None]
+            return max(times) if times else None
 
     def on_node_exited(self, msg: M.NodeExited):
         with self.cond:
@@ -315,13 +353,17 @@ class NodeRegistry:
     def on_report(self, msg: M.Report):
         with self.cond:
             n = self.node(msg.node_index)
+            if msg.history or shows_progress(n.metrics, msg.values):
+                n.progress_at = time.monotonic()
             n.metrics.update(msg.values)
             room = MAX_EVENTS_PER_NODE - len(n.events)
             if room > 0 and msg.events:
                 n.events.extend(msg.events[:room])
-            listener = self.on_history
+            listener, printer = self.on_history, self.on_output
         if msg.history and listener is not None:
             listener(msg.node_index, msg.history)
+        if msg.output and printer is not None:
+            printer(msg.node_index, msg.output)
         return M.Ack()
 
     def on_get_node_failure(self, msg: M.GetNodeFailure):
@@ -381,7 +423,8 @@ class NodeRegistry:
             if not any(n.info or n.agent for n in self.nodes.values()):
                 return None
             state = {i: {"metrics": dict(n.metrics), "host": self.host_of(i),
-                         "exit": n.exited.exit_code if n.exited else None} for i, n in self.nodes.items()}
+                         "exit": n.exited.exit_code if n.exited else None,
+                         "log": n.agent.log_path if n.agent else ""} for i, n in self.nodes.items()}
             events = {i: list(n.events) for i, n in self.nodes.items()}
             hosts = {i: self.host_of(i) for i in self.nodes}
         return state, events, hosts

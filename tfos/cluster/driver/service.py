@@ -26,12 +26,15 @@ class ControlService:
             M.GetClusterSpec: registry.on_cluster_spec,
             M.AgentStarted: registry.on_agent_started,
             M.Heartbeat: registry.on_heartbeat,
+            M.NodeStacks: registry.on_node_stacks,
+            M.Gather: registry.on_gather,
             M.NodeExited: registry.on_node_exited,
             M.Report: registry.on_report,
             M.LogModel: registry.on_log_model,
             M.GetNodeFailure: registry.on_get_node_failure,
             M.AssignChunk: scheduler.on_assign,
             M.FeedTerminated: scheduler.on_terminated,
+            M.FeedGate: scheduler.on_gate,
         }
         self._listener = Listener(secret, self._serve, f"control-{registry.cluster_id}", bind_host,
                                   max_data_frame=0, port=port)

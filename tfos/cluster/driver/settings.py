@@ -6,10 +6,12 @@ change.
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 
 from tfos import topology
 from tfos.errors import ConfigError
+from tfos.host.versions import local_versions
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 from tfos.wire.channel import new_secret
@@ -50,7 +52,7 @@ def seconds(name: str, value, allow_zero: bool = False) -> float:
 
 def cluster_config(address, roles, reservation_timeout, log_dir, default_fs, num_gpus, env, release_port,
                    preimport_tensorflow, heartbeat_interval, heartbeat_timeout, stop_grace_secs, timeline,
-                   report_interval, metric_history, checkpoint_dir) -> M.ClusterConfig:
+                   report_interval, metric_history, checkpoint_dir, node_output="chief") -> M.ClusterConfig:
     """The new cluster's configuration from reserve()'s arguments: a fresh id and secret, durations
     checked (:func:`seconds`), ``checkpoint_dir`` defaulting to ``<log_dir>/checkpoint``."""
     return M.ClusterConfig(
@@ -65,7 +67,20 @@ def cluster_config(address, roles, reservation_timeout, log_dir, default_fs, num
         stop_grace_secs=seconds("stop_grace_secs", stop_grace_secs, allow_zero=True),
         timeline=bool(timeline), report_interval=seconds("report_interval", report_interval),
         metric_history=bool(metric_history),
-        checkpoint_dir=checkpoint_dir or log_dir.rstrip("/") + "/checkpoint")
+        checkpoint_dir=checkpoint_dir or log_dir.rstrip("/") + "/checkpoint", node_output=output_setting(node_output),
+        versions=local_versions())
+
+
+#: reserve(node_output=...): whose printed lines reach the driver's console
+NODE_OUTPUT = ("chief", "all", "none")
+
+
+def output_setting(value) -> str:
+    """reserve()'s ``node_output`` as the nodes get it, or ConfigError naming the choices."""
+    value = "none" if value is None else value
+    if value not in NODE_OUTPUT:
+        raise ConfigError(f"node_output must be 'chief' (rank 0's lines), 'all' or None, got {value!r}")
+    return value
 
 
 def check_picklable(main_fun, tf_args) -> None:
@@ -120,3 +135,10 @@ def _unpicklable_part(obj, name: str, dumps, depth: int = 3) -> str | None:
             deeper = _unpicklable_part(part, part_name, dumps, depth - 1)
             return deeper or f"{part_name} ({type(part).__module__}.{type(part).__qualname__})"
     return f"{name} ({type(obj).__module__}.{type(obj).__qualname__})"
+
+
+def require_mlflow() -> None:
+    """ConfigError unless the mlflow package is installed on the driver (mlflow=True / mlflow_run=)."""
+    if importlib.util.find_spec("mlflow") is None:
+        raise ConfigError("mlflow=True / mlflow_run= need the mlflow package on the driver: pip install "
+                          "tfos[mlflow] (or mlflow), or leave them out")

@@ -19,11 +19,12 @@ import time
 
 from tfos import topology
 from tfos.cluster.driver import spark as S
+from tfos.cluster.driver import stall
 from tfos.cluster.driver.lifecycle import (Action, Lifecycle, NodeLoss, Phase, Restart, explain_executor_loss,
                                           failure_policy, first_cause_first)
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
-from tfos.errors import FeedError, NodeFailedError, ReservationTimeoutError, TFOSError, remote_error
+from tfos.errors import FeedError, NodeFailedError, ReservationTimeoutError, StallError, TFOSError, remote_error
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 
@@ -64,6 +65,8 @@ class Supervisor:
         self._reservation: S.SparkJob | None = None
         self._monitor: threading.Thread | None = None
         self._closing = threading.Event()
+        self.stall_timeout: float | None = None  # reserve(stall_timeout=...)
+        self._stall: threading.Thread | None = None  # the watchdog's report, once a stall was seen
         registry.tolerate = self._tolerate_loss
         registry.on_complete = self._backend_setup
 
@@ -159,13 +162,18 @@ class Supervisor:
 
     def raise_if_failed(self) -> None:
         """Raise NodeFailedError if any node has failed; later calls raise it again. With restarts
-        left (``max_restarts``) the cluster is restarted instead."""
+        left (``max_restarts``) the cluster is restarted instead. A cluster failed otherwise (the
+        stall watchdog, an abort) raises its error."""
+        if self.lifecycle.phase is Phase.FAILED:
+            raise self.lifecycle.error
         if self.registry.snapshot().failures:
             self.handle_failures()
 
     def feed_check_failed(self) -> None:
         """For a feed in progress: raise NodeFailedError if a node failed, leaving the restart (if
         one is allowed) to train(), which knows which epoch to feed again."""
+        if self.lifecycle.phase is Phase.FAILED:
+            raise self.lifecycle.error
         failures = list(self.registry.snapshot().failures)
         if not failures:
             return
@@ -260,6 +268,38 @@ class Supervisor:
         while not self._closing.wait(interval):
             self.registry.check_heartbeats(self.config.heartbeat_timeout)
             self._maybe_restart_in_background()
+            self._check_stall()
+
+    def _trainers(self) -> list[int]:
+        return [i for i, (job, _) in enumerate(self.roles) if job in self.backend.finishing_jobs]
+
+    def _check_stall(self) -> None:
+        """The stall watchdog: no training rank made progress for ``stall_timeout`` while every node
+        is alive -> every TF process's stacks, and the cluster fails with StallError."""
+        if self.lifecycle.phase not in (Phase.RUNNING, Phase.SHUTTING_DOWN) or self._stall is not None:
+            return
+        last = self.registry.last_progress(self._trainers())
+        if not stall.stalled(time.monotonic(), last, self.stall_timeout) or self.registry.snapshot().failures:
+            return
+        secs = time.monotonic() - last
+        self._stall = threading.Thread(target=lambda: self.abort(StallError(self.stall_report(secs))),
+                                       name=f"tfos-stall-{self.cluster_id}", daemon=True)
+        self._stall.start()
+
+    def stall_report(self, secs: float | None, timeout: float = 10.0) -> str:
+        return stall.stall_message(secs, [(label, dump, tail)
+                                          for label, (dump, tail) in self.dump_stacks(timeout).items()])
+
+    def dump_stacks(self, timeout: float = 10.0) -> dict[str, tuple[str, str]]:
+        """Every running node's TF process stacks and last log lines, by a label naming the node."""
+        answers = self.registry.collect_stacks(timeout)
+        out = {}
+        for i, (job, idx) in enumerate(self.roles):
+            a = answers.get(i)
+            label = f"node {i} ({job}:{idx} on {self.registry.host_of(i)})"
+            out[label] = (a.stacks, a.log_tail) if a else ("(no answer: the node is not running or did not "
+                                                           f"answer within {timeout:.0f}s)", "")
+        return out
 
     def _maybe_restart_in_background(self) -> None:
         """InputMode.TENSORFLOW: restart as soon as a node fails, whether or not a call is waiting.
@@ -281,6 +321,26 @@ class Supervisor:
         self._restarter = threading.Thread(target=restart, name=f"tfos-restart-{self.cluster_id}", daemon=True)
         self._restarter.start()
 
+    # ------------------------------------------------------------------ feeding
+    def train(self, feed, num_epochs: int) -> int:
+        """``feed(epochs, epochs_done)`` (FeedJobs.train) for ``num_epochs`` epochs; returns the rows fed.
+        With restarts allowed, a node failure restarts the cluster and the new attempt is fed the
+        interrupted epoch again in full, then the rest (``epochs_done`` collects each finished
+        epoch's rows, so the feed knows where it was interrupted)."""
+        if self.max_restarts <= 0:
+            return feed(num_epochs, None)
+        fed, done = 0, 0
+        while True:
+            epochs_done: list[int] = []  # rows of each epoch fed completely in this attempt
+            try:
+                return fed + feed(num_epochs - done, epochs_done)
+            except NodeFailedError:
+                done += len(epochs_done)
+                fed += sum(epochs_done)
+                logger.warning("tfos: a node failed while feeding epoch %d of %d; restarting the cluster",
+                               done + 1, num_epochs)
+                self.handle_failures()  # raises when no restart is allowed
+
     # ------------------------------------------------------------------ stopping
     def shutdown(self, grace_secs: float, timeout: float) -> None:
         """Wait for the training nodes (restarting them after failures while allowed), stop the
@@ -293,7 +353,7 @@ class Supervisor:
                 raise FeedError("could not end the feed of " + "; ".join(f"node {i}: {e}" for i, e in unreached)
                                 + ". Their TF processes cannot finish; see the nodes' logs")
         reg = self.registry
-        trainers = [i for i, (job, _) in enumerate(self.roles) if job in self.backend.finishing_jobs]
+        trainers = self._trainers()
         others = [i for i in range(len(self.roles)) if i not in trainers]
         waiting = reg.unfinished(trainers)
         if waiting:
@@ -302,7 +362,7 @@ class Supervisor:
                         self.cluster_id, "ever" if timeout == float("inf") else f"{timeout:.0f}s", waiting)
         deadline = time.monotonic() + timeout
         while True:
-            reg.wait_until(lambda s: not s.unfinished(trainers) or bool(s.failures),
+            reg.wait_until(lambda s: not s.unfinished(trainers) or bool(s.failures) or self.lifecycle.ended,
                            deadline - time.monotonic(),
                            lambda s: f"training nodes {s.unfinished(trainers)} still running",
                            "shutdown(timeout=...)", poll=1.0 if timeout == float("inf") else None)
@@ -313,6 +373,10 @@ class Supervisor:
                 self.handle_failures()
                 continue
             break
+        if self.lifecycle.phase is Phase.FAILED:  # the stall watchdog (or an abort) ended it meanwhile
+            if self._stall is not None:
+                self._stall.join(timeout=60)  # it stops every node first
+            raise self.lifecycle.error
         if others and not reg.snapshot().failures:
             reg.wait_until(lambda s: not s.unfinished(others), grace_secs)
         self.stop_nodes(range(len(self.roles)))

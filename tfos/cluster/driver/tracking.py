@@ -206,8 +206,20 @@ class MlflowTracker:
         cluster.registry.on_history = None
         state = {"cluster_id": cluster.cluster_id, "roles": cluster.roles, "nodes": cluster.nodes,
                  "per_node": summary[0] if summary else {}, "rows_fed": cluster.feeds.rows_total}
+        self.log_feed_totals(state["per_node"])
         self.finish(cluster.lifecycle.phase is not Phase.FAILED, state, table, cluster.timeline_path,
                     chosen_model(cluster.roles, cluster.registry.model_paths))
+
+    def log_feed_totals(self, per_node: dict) -> None:
+        """The rows the nodes dropped or padded for equal steps (``train(uneven=...)``), as run metrics."""
+        ts = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), ts, 0) for k in ("rows_dropped", "rows_padded")
+                   if (v := sum(int(st.get("metrics", {}).get(k) or 0) for st in per_node.values()))]
+        try:
+            if metrics:
+                self.client.log_batch(self.run_id, metrics=metrics)
+        except Exception as e:  # noqa: BLE001
+            self._warn("log metrics", e)
 
     def finish(self, ok: bool, summary: dict | None, rank_table: str, timeline_path: str | None,
                model_path: str | None) -> None:

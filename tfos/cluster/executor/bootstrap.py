@@ -17,8 +17,9 @@ import sys
 import tempfile
 import time
 
-from tfos.errors import TFOSError
+from tfos.errors import ConfigError, TFOSError
 from tfos.host import private, processes
+from tfos.host.versions import local_versions, version_mismatch
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 
@@ -45,6 +46,9 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
         i = ctx.partitionId()
         address = ctx.getTaskInfos()[i].address
         node_host = address.rsplit(":", 1)[0] if ":" in address else address
+        mismatch = version_mismatch(cluster.versions, local_versions(), node_host, sys.executable)
+        if mismatch:  # before any node starts: a wire or import error later would say something else
+            raise ConfigError(mismatch)
         res = ctx.resources()
         ndir = private.fresh_dir(private.private_dir(cluster.cluster_id), f"node-{i}")
         fn_path = os.path.join(ndir, "main_fun.pkl")

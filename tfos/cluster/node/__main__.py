@@ -2,13 +2,16 @@
 on stdin. Only here does the process end itself (``os._exit``): when its agent dies, and at the end
 so that TF's and user threads cannot keep a finished node alive."""
 
+import faulthandler
 import logging
 import os
 import sys
 import traceback
 
 from tfos.errors import NONRETRYABLE_FILE, ConfigError, NonRetryable, TFOSError
+from tfos.host.processes import STACKS_FILE, STACKS_SIGNAL
 from tfos.host import processes
+from tfos.cluster.node.hints import hint
 from tfos.cluster.node.runtime import run_node
 from tfos.wire import messages as M
 
@@ -20,6 +23,9 @@ def main() -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     processes.start_pipe_watchdog(cfg.watchdog_fd, lambda: os._exit(70))
+    # every thread's Python stack on SIGUSR1, for the driver's stall watchdog and cluster.dump_stacks()
+    stacks = open(os.path.join(cfg.node_dir, STACKS_FILE), "w")
+    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
     sys.path[:0] = [p for p in cfg.sys_path if p not in sys.path]
     code = 1
     try:
@@ -30,6 +36,8 @@ def main() -> None:
             _write_error(cfg, traceback.format_exc())
     except BaseException as e:
         tb = traceback.format_exc()
+        tip = hint(tb)
+        tb += f"{tip}\n" if tip else ""
         sys.stderr.write(tb)
         _write_error(cfg, tb, retryable=not isinstance(e, (NonRetryable, ConfigError)))
         code = 1

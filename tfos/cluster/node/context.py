@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import socket
+import time
 
 from tfos import topology
 from tfos.data.paths import absolute_path, context_default_fs
+from tfos.errors import ConfigError, TFOSTimeoutError
 from tfos.wire.messages import NodeConfig, NodeInfo
 
 
@@ -87,6 +89,23 @@ class NodeContext:
             self._held_port.close()
             self._held_port = None
             self.tmp_socket = None
+
+    def all_gather(self, key: str, value: int, timeout: float = 600.0) -> list[int]:
+        """Every training rank's ``value`` (an int) for ``key``, by rank, once every rank gave its own:
+        a barrier with data, through the driver, for small things such as record counts or step
+        plans (tensors go through the collectives). Every chief/worker must call it with the same
+        key; ps/evaluator nodes cannot. Raises TFOSTimeoutError naming the ranks still missing after
+        ``timeout`` seconds."""
+        if self.rank is None:
+            raise ConfigError(f"all_gather is for the training ranks (chief and workers), not {self.job_name}")
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.reporter.driver.gather(key, value, wait=max(0.0, min(5.0, deadline - time.monotonic())))
+            if reply.values:
+                return list(reply.values)
+            if time.monotonic() >= deadline:
+                raise TFOSTimeoutError(f"ranks {list(reply.missing)} did not give their value for all_gather({key!r}) "
+                                       f"within {timeout:.0f}s; raise all_gather(timeout=...)")
 
     def get_data_feed(self, train_mode: bool = True, qname_in: str = "input", qname_out: str = "output",
                       input_mapping=None):

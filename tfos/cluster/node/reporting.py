@@ -9,6 +9,7 @@ and shipped with the reports; with no timeline requested, ``trace()`` records no
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import threading
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 MAX_BUFFERED_EVENTS = 20000
 MAX_BUFFERED_HISTORY = 20000  # ctx.report() calls waiting to be sent (oldest dropped beyond)
+MAX_BUFFERED_OUTPUT = 2000  # printed lines waiting to be sent to the driver's console (oldest dropped beyond)
+MAX_LINE = 2000  # characters of one printed line that reach the driver
 
 
 def _jsonable(v, depth: int = 0):
@@ -55,6 +58,8 @@ class Reporter:
         self._dirty = False
         self._events: list = []
         self._history: list = []
+        self._output: list = []
+        self._output_dropped = 0
         self._dropped = 0
         self._history_dropped = 0
         self._warned = False
@@ -83,6 +88,14 @@ class Reporter:
             self._history.append(entry)
         self.report(values)
 
+    def output(self, line: str) -> None:
+        """A line main_fun printed, for the driver's console (sent with the next report)."""
+        with self._lock:
+            if len(self._output) >= MAX_BUFFERED_OUTPUT:
+                self._output.pop(0)
+                self._output_dropped += 1
+            self._output.append(line[:MAX_LINE])
+
     def event(self, name: str, cat: str, start: float, end: float, args: dict | None = None) -> None:
         """Record one complete event; ``start``/``end`` are time.time() seconds."""
         if not self.timeline:
@@ -106,12 +119,15 @@ class Reporter:
 
     def flush(self) -> None:
         with self._lock:
-            if not self._dirty and not self._events and not self._history:
+            if not self._dirty and not self._events and not self._history and not self._output:
                 return
-            values, events, history = dict(self._values), self._events, self._history
-            self._events, self._history, self._dirty = [], [], False
+            values, events, history, output = dict(self._values), self._events, self._history, self._output
+            if self._output_dropped:
+                output.insert(0, f"[{self._output_dropped} earlier lines not sent: see the node log]")
+                self._output_dropped = 0
+            self._events, self._history, self._output, self._dirty = [], [], [], False
         try:
-            self.driver.report(values, events, history)
+            self.driver.report(values, events, history, output)
         except (TFOSError, OSError) as e:
             logger.debug("progress report not delivered: %s", e)
         except Exception as e:  # reporting must never change how main_fun ends
@@ -127,3 +143,45 @@ class Reporter:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             self.flush()
+
+
+class LineTee(io.TextIOBase):
+    """A text stream that writes to ``stream`` and hands every complete line to ``sink`` (the
+    reporter's :meth:`Reporter.output`): main_fun's prints reach the node log and the driver."""
+
+    def __init__(self, stream, sink):
+        self._stream = stream
+        self._sink = sink
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        n = self._stream.write(text)
+        with self._lock:
+            lines = (self._partial + text).split("\n")
+            self._partial = lines.pop()
+        for line in lines:
+            self._sink(line.rstrip("\r"))
+        return n
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self):
+        return getattr(self._stream, "encoding", "utf-8")
+
+
+def streams_output(setting: str, rank) -> bool:
+    """Pure: whether a node of training ``rank`` (None: ps/evaluator) sends its printed lines to the
+    driver under reserve(node_output=``setting``)."""
+    return setting == "all" or (setting == "chief" and rank == 0)

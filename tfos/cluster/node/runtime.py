@@ -15,13 +15,14 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 import threading
 
 from tfos.errors import TFOSError, TFOSTimeoutError
 from tfos.host import claims
 from tfos.cluster.node import staging
 from tfos.cluster.node.context import NodeContext
-from tfos.cluster.node.reporting import Reporter
+from tfos.cluster.node.reporting import LineTee, Reporter, streams_output
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
@@ -68,7 +69,8 @@ def run_node(cfg: M.NodeConfig) -> int:
     if c.input_mode == InputMode.SPARK:
         from tfos.feed.node.hub import FeedHub
 
-        hub = FeedHub(c.secret, c.feed_queue_chunks, on_terminate=driver.feed_terminated).start()
+        hub = FeedHub(c.secret, c.feed_queue_chunks, on_terminate=driver.feed_terminated,
+                      gate=driver.feed_gate).start()
     info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host, held.getsockname()[1],
                       hub.port if hub else 0, os.getpid())
     driver.register(info)
@@ -82,6 +84,9 @@ def run_node(cfg: M.NodeConfig) -> int:
     main_fun, args, hooks = load_function_file(cfg.fn_path)
     reporter = Reporter(driver, c.report_interval, c.timeline, c.metric_history)
     ctx = NodeContext(cfg, reply.nodes, held, hub, hooks, reporter)
+    if streams_output(c.node_output, ctx.rank):  # main_fun's prints: the node log and the driver's console
+        sys.stdout = LineTee(sys.stdout, reporter.output)
+        sys.stderr = LineTee(sys.stderr, reporter.output)
     if hub is not None:
         hub.reporter = reporter
     os.environ["TF_CONFIG"] = json.dumps(ctx.tf_config)

@@ -39,13 +39,13 @@ class FeedJobs:
         self.rows_total: dict[int, int] = {}  # rows fed per node over all train() calls
         self.events: list = []  # timeline events of the feeding jobs
 
-    def feed_config(self, qname: str, feed_timeout: float, chunk_rows) -> M.FeedConfig:
+    def feed_config(self, qname: str, feed_timeout: float, chunk_rows, uneven: str = "") -> M.FeedConfig:
         nodes = {n.node_index: n for n in self.registry.registered()}
         ranks = tuple(self.scheduler.feed_ranks)
         c = self.cluster
         return M.FeedConfig(c.cluster_id, c.secret, c.driver_host, c.driver_port, uuid.uuid4().hex[:12], qname,
                             float(feed_timeout), ranks,
-                            tuple((i, nodes[i].host, nodes[i].feed_port) for i in ranks), chunk_rows)
+                            tuple((i, nodes[i].host, nodes[i].feed_port) for i in ranks), chunk_rows, uneven)
 
     def run(self, description: str, action):
         """Run ``action()`` (a Spark action) in its own job group; fail fast if a node fails meanwhile."""
@@ -53,7 +53,7 @@ class FeedJobs:
         job = SparkJob(self.spark, f"tfos-feed-{uuid.uuid4().hex[:8]}", description, action,
                        on_done=lambda _job: reg.notify())
         # no deadline of its own: every chunk the job sends is bounded by feed_timeout on the executor
-        reg.wait_until(lambda snap: job.done.is_set() or bool(snap.failures), None, poll=0.5)
+        reg.wait_until(lambda snap: job.done.is_set() or bool(snap.failures) or bool(snap.abort_reason), None, poll=0.5)
         if not job.done.is_set():
             job.cancel()
             self.check_failed()
@@ -79,15 +79,16 @@ class FeedJobs:
                        c.heartbeat_timeout + 2 * c.heartbeat_interval, poll=0.2)
 
     def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None,
-              epochs_done: list | None = None) -> int:
+              epochs_done: list | None = None, uneven: str = "drop") -> int:
         """One feed of ``num_epochs`` epochs. With ``epochs_done`` (restarts allowed) every epoch is
         its own Spark job and the rows of each completed epoch are appended to it, so the caller
-        knows where a failure interrupted the feed; else one job feeds all epochs."""
+        knows where a failure interrupted the feed; else one job feeds all epochs. ``uneven``: the
+        policy for unequal rows per node (:mod:`tfos.feed.uneven`, checked by the caller)."""
         from tfos.feed.executor.producer import make_train_feeder  # pyarrow: loaded when data is fed, not at import
 
         if not is_dataframe(data) and self.spark.connect:
             raise_no_rdd("train() with an RDD")
-        cfg = self.feed_config(qname, feed_timeout, chunk_rows)
+        cfg = self.feed_config(qname, feed_timeout, chunk_rows, uneven)
         if is_dataframe(data):
             feeder = make_train_feeder(cfg, arrow_input=True)
 
@@ -108,26 +109,27 @@ class FeedJobs:
                 epochs_done.append(self.run(f"tfos feed {cfg.feed_id} (epoch {e + 1} of {num_epochs})",
                                             lambda: action(1)))
             total = sum(epochs_done)
-        per_node = self.scheduler.take_rows(cfg.feed_id)
+        per_node = self.scheduler.take_rows(cfg.feed_id)  # the feed is complete: gates learn the totals
         for node, rows in per_node.items():
             self.rows_total[node] = self.rows_total.get(node, 0) + rows
         self.events.append({"name": f"feed job {cfg.feed_id}", "cat": "feed", "ph": "X", "ts": int(wall0 * 1e6),
                             "dur": int((time.time() - wall0) * 1e6),
                             "args": {"rows": total, "epochs": num_epochs, "per_node": str(per_node)}})
+        totals = self.scheduler.totals(cfg.feed_id)
         for node in cfg.feed_nodes:
-            self._end_feed(cfg, node, per_node.get(node, 0))
+            self._end_feed(cfg, node, per_node.get(node, 0), totals)
         secs = time.monotonic() - t0
         logger.info("tfos fed %d rows in %.1fs (%.0f rows/s); per node: %s", total, secs, total / max(secs, 1e-9),
                     per_node)
         return total
 
-    def _end_feed(self, cfg: M.FeedConfig, node: int, rows: int) -> None:
+    def _end_feed(self, cfg: M.FeedConfig, node: int, rows: int, totals=()) -> None:
         if self.scheduler.finished_reading(node):
             return
         host, port = cfg.address(node)
         try:
             end_feed(host, port, cfg.secret, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout,
-                     while_waiting=self.check_failed)
+                     while_waiting=self.check_failed, totals=totals, uneven=cfg.uneven)
         except NodeFailedError:
             raise  # the cluster already knows the first cause
         except (TFOSError, OSError):

@@ -1,14 +1,20 @@
 """Which node takes the next chunk of fed rows (runs on the driver, in the control service).
 
 Training feeds balance rows: each chunk goes to the live feeding node that has received the
-fewest rows of this feed so far. A node that terminated its feed, or whose main_fun returned,
+fewest rows of this feed so far, or is split to level the shares when they drift apart
+(:func:`plan_chunk`). A node that terminated its feed, or whose main_fun returned,
 is skipped; a node that stopped reading without finishing is an error.
+
+The scheduler also answers the nodes' gates (equal steps, :mod:`tfos.feed.uneven`): a node may
+take rows up to the fewest rows assigned to any live node so far (the *safe* count), and, once
+the feed is complete, learns every live node's total.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from tfos.cluster.driver.registry import NodeRegistry, Snapshot
 from tfos.wire import messages as M
@@ -17,9 +23,49 @@ from tfos.wire.schema import column_drift
 logger = logging.getLogger(__name__)
 
 
-def pick_node(live: list[int], counts: dict[int, int]) -> int:
-    """Pure: the live node with the fewest rows so far (lowest index on ties); -1 if none."""
-    return min(live, key=lambda i: (counts.get(i, 0), i)) if live else -1
+#: pieces smaller than this are not split off a chunk (each piece is one Arrow frame to one node)
+MIN_PIECE = 64
+#: shares may part by this fraction of the rows assigned so far before chunks are split to level them
+SLACK_FRACTION = 1 / 256
+
+
+def slack_rows(assigned: int) -> int:
+    """Pure: how far apart the live nodes' shares may drift before a chunk is split to level them."""
+    return max(MIN_PIECE, int(assigned * SLACK_FRACTION))
+
+
+def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int) -> list[tuple[int, int]]:
+    """Pure: the pieces ``[(node, rows)]`` of a chunk of ``rows`` rows. The whole chunk goes to the
+    live node with the fewest rows (lowest index on ties) while that leaves it at most ``slack``
+    rows ahead of the next; otherwise the chunk is spread to level the shares (the fewest first),
+    in pieces of at least MIN_PIECE rows. Shares then part by at most ``slack`` + a piece: the
+    rows equal steps may drop at the end of a feed (:mod:`tfos.feed.uneven`)."""
+    if not live:
+        return []
+    order = sorted(live, key=lambda i: (counts.get(i, 0), i))
+    c = [counts.get(i, 0) for i in order]
+    if len(order) == 1 or rows <= MIN_PIECE or c[0] + rows <= c[1] + slack:
+        return [(order[0], rows)]
+    k, level_cost = 1, 0  # fill the k lowest nodes up to the next one's count while rows last
+    while k < len(c) and level_cost + k * (c[k] - c[k - 1]) <= rows:
+        level_cost += k * (c[k] - c[k - 1])
+        k += 1
+    each, extra = divmod(rows - level_cost, k)  # the k lowest are level: share the rest evenly
+    give = [c[k - 1] - c[j] + each + (1 if j < extra else 0) for j in range(k)]
+    pieces = [(order[j], g) for j, g in enumerate(give) if g > 0]
+    small = sum(g for _, g in pieces if g < MIN_PIECE)
+    pieces = [(i, g) for i, g in pieces if g >= MIN_PIECE] or [(order[0], 0)]
+    pieces[0] = (pieces[0][0], pieces[0][1] + small)  # tiny remainders go with the neediest node's piece
+    return pieces
+
+
+def safe_rows(live: list[int], counts: dict[int, int]) -> int:
+    """Pure: rows every live node has been sent (the fewest assigned to one); 0 if none is live."""
+    return min((counts.get(i, 0) for i in live), default=0)
+
+
+#: completed feeds whose totals the scheduler keeps for late gate requests
+KEEP_COMPLETED = 64
 
 
 class FeedScheduler:
@@ -29,7 +75,9 @@ class FeedScheduler:
         self.feed_rows: dict[str, dict[int, int]] = {}
         self.terminated: set[int] = set()
         self.feed_columns: dict[str, tuple[M.Column, ...]] = {}  # each feed's first columns
+        self.completed: dict[str, tuple[tuple[int, int], ...]] = {}  # feed -> live nodes' final rows
         self._lock = threading.Lock()  # the scheduler's own state; the registry is read by snapshot
+        self._changed = threading.Condition(self._lock)  # an assignment, a termination, a completion
 
     def new_attempt(self) -> None:
         """Forget which nodes terminated their feeds (a restart starts every node again)."""
@@ -45,10 +93,23 @@ class FeedScheduler:
             return self._finished(i, self.registry.snapshot())
 
     def take_rows(self, feed_id: str) -> dict[int, int]:
-        """Rows sent to each node by feed ``feed_id`` (forgotten afterwards)."""
+        """Rows sent to each node by feed ``feed_id`` (forgotten afterwards); the feed is complete:
+        its live nodes' totals answer the gates from now on (:meth:`totals`)."""
         with self._lock:
             self.feed_columns.pop(feed_id, None)
-            return dict(self.feed_rows.pop(feed_id, {}))
+            rows = dict(self.feed_rows.pop(feed_id, {}))
+            snap = self.registry.snapshot()
+            self.completed[feed_id] = tuple((i, rows.get(i, 0)) for i in self.feed_ranks
+                                            if not self._finished(i, snap))
+            while len(self.completed) > KEEP_COMPLETED:
+                self.completed.pop(next(iter(self.completed)))
+            self._changed.notify_all()
+            return rows
+
+    def totals(self, feed_id: str) -> tuple[tuple[int, int], ...]:
+        """(node, rows) of the live nodes of a completed feed."""
+        with self._lock:
+            return self.completed.get(feed_id, ())
 
     # -- control service handlers
     def on_assign(self, msg: M.AssignChunk):
@@ -67,14 +128,36 @@ class FeedScheduler:
                                         "see the node's log in the driver's error")
             live = [i for i in self.feed_ranks if not self._finished(i, snap)]
             counts = self.feed_rows.setdefault(msg.feed_id, {i: 0 for i in self.feed_ranks})
-            target = pick_node(live, counts)
-            if target >= 0:
-                counts[target] += msg.rows
-            return M.AssignReply(target)
+            pieces = plan_chunk(live, counts, msg.rows, slack_rows(sum(counts.values())))
+            for node, rows in pieces:
+                counts[node] += rows
+            if pieces:
+                self._changed.notify_all()
+            return M.AssignReply(pieces[0][0] if pieces else -1, tuple(pieces))
+
+    def on_gate(self, msg: M.FeedGate):
+        """A node's gate: answered when every live node has been sent ``need`` rows of the feed, when
+        the feed is complete, or after ``wait`` seconds (the node asks again)."""
+        self.registry.node(msg.node_index)
+        deadline = time.monotonic() + min(max(msg.wait, 0.0), 10.0)
+        with self._changed:
+            while True:
+                if msg.feed_id in self.completed:
+                    totals = self.completed[msg.feed_id]
+                    own = dict(totals).get(msg.node_index, -1)
+                    return M.FeedGateReply(min((r for _, r in totals), default=0), True, totals, own)
+                snap = self.registry.snapshot()
+                live = [i for i in self.feed_ranks if not self._finished(i, snap)]
+                safe = safe_rows(live, self.feed_rows.get(msg.feed_id, {}))
+                left = deadline - time.monotonic()
+                if safe >= msg.need or left <= 0:
+                    return M.FeedGateReply(safe)
+                self._changed.wait(min(left, 0.5))  # a node that ends or fails changes ``live`` too
 
     def on_terminated(self, msg: M.FeedTerminated):
         self.registry.node(msg.node_index)
         with self._lock:
             self.terminated.add(msg.node_index)
+            self._changed.notify_all()
         logger.info("tfos node %d terminated its feed %r", msg.node_index, msg.qname)
         return M.Ack()

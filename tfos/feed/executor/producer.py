@@ -89,7 +89,8 @@ class _Sender:
             host, port = self.cfg.address(node)
             try:
                 client = FeedClient(node, host, port, self.cfg.secret, self.cfg.feed_timeout)
-                client.begin(self.cfg.feed_id, self.cfg.qname, self.partition, self.train)
+                client.begin(self.cfg.feed_id, self.cfg.qname, self.partition, self.train, self.cfg.uneven,
+                             len(self.cfg.feed_nodes))
             except (OSError, ProtocolError) as e:
                 raise _SendFailed(node, f"cannot feed node {node} at {host}:{port}: {e}") from None
             self.clients[node] = client
@@ -153,6 +154,29 @@ class _Sender:
             client.close()
 
 
+def _send_pieces(sender: _Sender, driver: DriverClient, feed_id: str, batch: pa.RecordBatch, pieces) -> bool:
+    """Send a chunk in the pieces the driver chose, in order; a piece whose node finished reading
+    meanwhile is placed again (the driver says why if the node failed instead). False when no node
+    reads any more."""
+    pieces, offset = list(pieces), 0
+    while pieces:
+        node, rows = pieces.pop(0)
+        try:
+            sender.send(node, batch if rows == batch.num_rows else batch.slice(offset, rows))
+        except _SendFailed as e:  # fine if that node ended its feed; else the driver says why
+            sender.drop(e.node)
+            try:
+                again = driver.assign_chunk(feed_id, rows, e.node)
+            except TFOSError:  # the driver refused (the node failed) or is gone
+                raise e from None
+            if not again:
+                return False
+            pieces = again + pieces
+            continue
+        offset += rows
+    return True
+
+
 def _partition_id() -> int:
     from pyspark import TaskContext
 
@@ -182,23 +206,13 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
                 for batch in chunks:
                     if sender.schema is None:  # first chunk: the driver checks it against other partitions
                         try:
-                            node = driver.assign_chunk(cfg.feed_id, batch.num_rows, partition=partition,
-                                                       columns=arrow.columns(batch.schema))
+                            pieces = driver.assign_chunk(cfg.feed_id, batch.num_rows, partition=partition,
+                                                         columns=arrow.columns(batch.schema))
                         except RequestRefused as e:
                             raise FeedError(str(e)) from None
                     else:
-                        node = driver.assign_chunk(cfg.feed_id, batch.num_rows)
-                    while node >= 0:
-                        try:
-                            sender.send(node, batch)
-                            break
-                        except _SendFailed as e:  # fine if that node ended its feed; else the driver says why
-                            sender.drop(e.node)
-                            try:
-                                node = driver.assign_chunk(cfg.feed_id, batch.num_rows, e.node)
-                            except TFOSError:  # the driver refused (the node failed) or is gone
-                                raise e from None
-                    if node < 0:
+                        pieces = driver.assign_chunk(cfg.feed_id, batch.num_rows)
+                    if not _send_pieces(sender, driver, cfg.feed_id, batch, pieces):
                         break  # every node terminated its feed: skip the rest of this partition
                     total += batch.num_rows
                 sender.finish(finished_reading)

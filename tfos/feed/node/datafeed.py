@@ -17,9 +17,42 @@ import pyarrow as pa
 
 from tfos.errors import FeedError, TFOSError
 from tfos.feed.node.hub import Close, Data, End, FeedHub, Origin, Part
-from tfos.feed import arrow
+from tfos.feed import arrow, uneven
 
 logger = logging.getLogger(__name__)
+
+#: how long one gate request waits on the driver for the other ranks' rows before asking again
+GATE_WAIT = 5.0
+
+
+class _Gate:
+    """This node's place in one train feed with equal steps: rows yielded (``fed``, padding
+    included; ``real`` without), the driver's safe count, and once the feed is complete every
+    live node's total (``totals``) and this node's (``own``)."""
+
+    def __init__(self, feed_id: str, policy: str, first: pa.RecordBatch):
+        self.feed_id = feed_id
+        self.policy = policy
+        self.safe = 0
+        self.fed = self.real = self.padded = self.dropped = 0
+        self.totals: dict[int, int] | None = None
+        self.own = 0
+        # "pad" repeats a row of this node's with weight 0: keep one (a copy, not a view of the chunk)
+        self._pad_row = first.take(pa.array([0])) if policy == "pad" and first.num_rows else None
+
+    def padding(self, k: int) -> pa.RecordBatch:
+        return self._pad_row.take(pa.array(np.zeros(k, dtype=np.int64)))
+
+
+def _weighted(batch: pa.RecordBatch, weight: float) -> pa.RecordBatch:
+    """``batch`` with a float32 ``sample_weight`` column of ``weight`` (a "pad" feed): single values
+    become (value, weight) tuples, dicts gain the key."""
+    meta = dict(batch.schema.metadata or {})
+    if meta.get(arrow.ROW_KIND, b"tuple") == b"scalar":
+        meta[arrow.ROW_KIND] = b"tuple"
+    schema = batch.schema.append(pa.field(uneven.WEIGHT_COLUMN, pa.float32())).with_metadata(meta)
+    return pa.RecordBatch.from_arrays(list(batch.columns) + [pa.array(np.full(batch.num_rows, weight, np.float32))],
+                                      schema=schema)
 
 
 def _batches_of_block(*block):
@@ -63,6 +96,8 @@ class DataFeed:
         self.rows_read = 0
         self._feed_rows: collections.Counter = collections.Counter()
         self.wait_secs = 0.0
+        self._gate: _Gate | None = None  # this node's place in the feed's equal steps (train feeds)
+        self._part_end = False  # inference: the item just read ended a partition
 
     # -- core reader
     def _next_item(self):
@@ -76,25 +111,88 @@ class DataFeed:
             self.hub.reporter.report({"rows_read": self.rows_read, "feed_wait_secs": round(self.wait_secs, 3)})
         return item
 
-    def _take(self, n: int) -> list[pa.RecordBatch]:
+    def _accept(self, item) -> None:
+        """Take one queue item into the reader's state."""
+        if isinstance(item, Data):
+            self._batch, self._origin, self._offset = item.batch, item.origin, 0
+            self._feed_rows[item.feed_id] += item.batch.num_rows
+            if self._gate is None and self.train_mode and item.origin.train:
+                gated = item.origin.uneven if item.origin.ranks > 1 and self.hub.gate is not None else ""
+                self._gate = _Gate(item.feed_id, gated, item.batch)
+        elif isinstance(item, End):
+            got_rows = self._feed_rows.pop(item.feed_id, 0)
+            if got_rows != item.rows:
+                raise FeedError(f"feed {item.feed_id}: the driver sent {item.rows} rows to this node but "
+                                f"{got_rows} arrived")
+            if self._gate is None and self.train_mode and len(item.totals) > 1:  # no row of this feed came here
+                uneven.check_totals(item.uneven, dict(item.totals))
+            self.done = True
+        elif isinstance(item, Close):
+            self.done = self.closed = True
+        elif isinstance(item, Part) and not self.train_mode:
+            self._part_end = True
+
+    def _admit(self, n: int) -> tuple[int, int]:
+        """``(rows, padding rows)`` this node may put in its next batch of ``n`` (equal steps on every
+        rank, :mod:`tfos.feed.uneven`): the rows every rank is known to have while the feed runs
+        (asking the driver when it needs more), the policy's share once the feed is complete."""
+        while not self.done:
+            g = self._gate
+            if g is None:  # the feed's first item says whether it is gated
+                self._accept(self._next_item())
+                continue
+            if not g.policy:
+                return n, 0
+            if g.totals is None:
+                if g.real + n <= g.safe:
+                    return n, 0
+                reply = self.hub.gate(g.feed_id, g.real + n, GATE_WAIT)
+                g.safe = max(g.safe, reply.safe)
+                if reply.complete:
+                    g.totals, g.own = dict(reply.totals), reply.own
+                continue
+            real, pad = uneven.next_batch(g.policy, n, g.fed, g.real, g.own, g.totals)
+            if real or pad:
+                return real, pad
+            self._finish(g, n)
+        return 0, 0
+
+    def _finish(self, g: "_Gate", n: int) -> None:
+        """The end of a gated feed for this node: read (and drop) its rows beyond the policy's
+        share, up to the feed's end marker; count and show what was dropped or padded."""
+        dropped = 0
+        while not self.done:
+            if self._batch is not None:
+                dropped += self._batch.num_rows - self._offset
+                self._batch = None
+                continue
+            self._accept(self._next_item())
+        g.dropped = dropped
+        self.hub.rows_dropped += dropped
+        self.hub.rows_padded += g.padded
+        if self.hub.reporter is not None:
+            self.hub.reporter.report({"rows_dropped": self.hub.rows_dropped, "rows_padded": self.hub.rows_padded})
+        if dropped or g.padded:
+            logger.warning("tfos feed %s: this node read %d of its %d rows in %d steps of %d and %s so that every node "
+                           "runs the same steps (uneven=%r; rows per node: %s)", g.feed_id, g.real, g.own,
+                           uneven.steps(g.fed, n), n,
+                           f"dropped {dropped}" if dropped else f"padded {g.padded} rows with weight 0",
+                           g.policy, g.totals)
+
+    def _take(self, n: int, admitted: bool = False) -> list[pa.RecordBatch]:
         """Up to ``n`` rows as record-batch slices; fewer at end of feed (or of a partition in
-        inference mode)."""
+        inference mode). In a gated feed (equal steps) the gate decides the rows first, unless
+        the caller already ``admitted`` them."""
+        pad = 0
+        if self.train_mode and not admitted:
+            n, pad = self._admit(n)
         out, got = [], 0
+        self._part_end = False
         while got < n and not self.done:
             if self._batch is None:
-                item = self._next_item()
-                if isinstance(item, Data):
-                    self._batch, self._origin, self._offset = item.batch, item.origin, 0
-                    self._feed_rows[item.feed_id] += item.batch.num_rows
-                elif isinstance(item, End):
-                    got_rows = self._feed_rows.pop(item.feed_id, 0)
-                    if got_rows != item.rows:
-                        raise FeedError(f"feed {item.feed_id}: the driver sent {item.rows} rows to this node but "
-                                        f"{got_rows} arrived")
-                    self.done = True
-                elif isinstance(item, Close):
-                    self.done = self.closed = True
-                elif isinstance(item, Part) and not self.train_mode and got:
+                self._part_end = False
+                self._accept(self._next_item())
+                if self._part_end and got:
                     break
                 continue
             take = min(n - got, self._batch.num_rows - self._offset)
@@ -110,6 +208,13 @@ class DataFeed:
             if self._offset >= self._batch.num_rows:
                 self._batch = None
         self.rows_read += got
+        g = self._gate
+        if g is not None and g.policy:
+            g.real += got
+            g.fed += got + pad
+            g.padded += pad
+            if g.policy == "pad":
+                out = [_weighted(s, 1.0) for s in out] + ([_weighted(g.padding(pad), 0.0)] if pad else [])
         return out
 
     def next_batch(self, batch_size: int):
@@ -117,9 +222,10 @@ class DataFeed:
         input_mapping). Returns fewer rows at the end of the feed."""
         slices = self._take(batch_size)
         if self.input_mapping:
-            result = {t: [] for t in self.input_mapping.values()}
+            mapping = self._mapping(slices[0].schema if slices else None)
+            result = {t: [] for t in mapping.values()}
             for s in slices:
-                for k, v in arrow.batch_to_rows(s, self.input_mapping).items():
+                for k, v in arrow.batch_to_rows(s, mapping).items():
                     result[k].extend(v)
             return result
         rows = []
@@ -170,6 +276,12 @@ class DataFeed:
         except queue.Empty:
             pass
 
+    def _mapping(self, schema) -> dict:
+        """``input_mapping``, plus the sample_weight column of a "pad" feed."""
+        if schema is not None and uneven.WEIGHT_COLUMN in schema.names and uneven.WEIGHT_COLUMN not in self.input_mapping:
+            return dict(self.input_mapping, **{uneven.WEIGHT_COLUMN: uneven.WEIGHT_COLUMN})
+        return self.input_mapping
+
     # -- fast path
     def _columns(self, slices):
         if not slices:
@@ -194,7 +306,7 @@ class DataFeed:
         """Column arrays in the shape the rows were fed as: tuple, dict, scalar, or input_mapping."""
         kind = (schema.metadata or {}).get(arrow.ROW_KIND, b"tuple").decode()
         if self.input_mapping:
-            return {t: cols[schema.names.index(c)] for c, t in self.input_mapping.items()}
+            return {t: cols[schema.names.index(c)] for c, t in self._mapping(schema).items()}
         if kind == "dict":
             return dict(zip(schema.names, cols))
         if kind == "scalar":
@@ -212,8 +324,11 @@ class DataFeed:
             got = sum(s.num_rows for s in slices)
             if got == batch_size and self._batch is not None:  # and every whole batch left in this chunk
                 more = (self._batch.num_rows - self._offset) // batch_size * batch_size
+                g = self._gate
+                if g is not None and g.policy:  # the whole batches the gate allows now, without asking
+                    more = 0 if g.totals is not None else min(more, (g.safe - g.real) // batch_size * batch_size)
                 if more:
-                    slices += self._take(more)
+                    slices += self._take(more, admitted=True)
                     got += more
             found = self._columns(slices)
             if found is None:

@@ -36,10 +36,13 @@ class Data:
 
 @dataclass(frozen=True)
 class End:
-    """The driver's end of feed ``feed_id``: ``rows`` rows were sent to this node in all."""
+    """The driver's end of feed ``feed_id``: ``rows`` rows were sent to this node in all;
+    ``totals``: (node, rows) of every node still reading the feed."""
 
     feed_id: str
     rows: int
+    totals: tuple = ()
+    uneven: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,14 @@ class Close:
 
 
 class Origin:
-    """The Spark task connection a batch came from; inference results go back on it."""
+    """The Spark task connection a batch came from; inference results go back on it. ``uneven``
+    and ``ranks``: the feed's policy for unequal rows and how many nodes it feeds."""
 
-    def __init__(self, ch: Channel, train: bool):
+    def __init__(self, ch: Channel, train: bool, uneven: str = "", ranks: int = 1):
         self.ch = ch
         self.train = train
+        self.uneven = uneven
+        self.ranks = ranks
         self.cond = threading.Condition()
         self.rows_answered = 0
 
@@ -108,14 +114,17 @@ class FeedHub:
     """TCP server in the TF process. Spark tasks connect with the cluster secret and stream
     ``FeedBegin``, Arrow data frames and ``FeedPartitionEnd``; the driver sends ``FeedEnd``."""
 
-    def __init__(self, secret: str, queue_chunks: int = 4, on_terminate=None):
+    def __init__(self, secret: str, queue_chunks: int = 4, on_terminate=None, gate=None):
         self.on_terminate = on_terminate  # called with the queue name when main_fun terminates a feed
+        self.gate = gate  # gate(feed_id, need, wait) -> FeedGateReply: the driver's safe row count
         self.queue_chunks = max(1, int(queue_chunks))
         self.queues: dict[str, FeedQueue] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.rows_received = 0
         self.bytes_received = 0
+        self.rows_dropped = 0  # by equal steps (uneven="drop"), over every feed of this node
+        self.rows_padded = 0  # by uneven="pad"
         self.reporter = None  # set by the TF process: feed waits go on the cluster timeline
         self._listener = Listener(secret, self._serve, "feed-hub")
         self.port = self._listener.port
@@ -148,12 +157,12 @@ class FeedHub:
             for q in list(self.queues.values()) or [self.queue(msg.qname)]:
                 q.put(Close(), self._stop)
         else:
-            self.queue(msg.qname).put(End(msg.feed_id, msg.rows), self._stop)
+            self.queue(msg.qname).put(End(msg.feed_id, msg.rows, msg.totals, msg.uneven), self._stop)
         ch.send(M.FeedAck(msg.rows))
 
     def _on_feed(self, ch: Channel, begin: M.FeedBegin) -> None:
         q = self.queue(begin.qname)
-        origin = Origin(ch, begin.train)
+        origin = Origin(ch, begin.train, begin.uneven, begin.ranks)
         rows = 0
         while True:
             kind, value = ch.recv_frame()

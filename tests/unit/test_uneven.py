@@ -1,0 +1,248 @@
+"""Equal steps on every rank (tfos.feed.uneven): the policy's decisions from a table, the driver's
+gate, and the whole InputMode.SPARK data path in one process - the real control service, feed
+scheduler, feeding-task code, feed hubs and DataFeeds over authenticated TCP - with a barrier per
+step standing in for a collective: a rank that runs one step more than another breaks it."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tfos.cluster.driver.registry import NodeRegistry
+from tfos.cluster.driver.service import ControlService
+from tfos.errors import ConfigError, FeedError, NonRetryable, UnevenDataError
+from tfos.feed import uneven as U
+from tfos.feed.driver.scheduler import FeedScheduler, safe_rows
+from tfos.feed.executor.producer import make_train_feeder
+from tfos.feed.node.datafeed import DataFeed
+from tfos.feed.node.hub import FeedHub
+from tfos.wire import channel as C
+from tfos.wire import messages as M
+from tfos.wire.clients import DriverClient, end_feed
+
+
+@pytest.mark.parametrize("policy,batch,fed,real,own,totals,expected", [
+    # drop: ceil(fewest / batch) steps; the last one partial on the fewest rank, full elsewhere
+    ("drop", 100, 900, 900, 1000, {0: 1000, 1: 950}, (100, 0)),
+    ("drop", 100, 1000, 1000, 1000, {0: 1000, 1: 950}, (0, 0)),
+    ("drop", 100, 900, 900, 950, {0: 1000, 1: 950}, (50, 0)),
+    ("drop", 100, 1000, 1000, 1200, {0: 1200, 1: 950}, (0, 0)),  # 200 dropped
+    ("drop", 100, 0, 0, 30, {0: 30, 1: 0}, (0, 0)),  # a rank with no rows: no step for anyone
+    ("drop", 64, 0, 0, 10, {0: 10}, (10, 0)),  # one rank: its partial batch, nothing dropped
+    # pad: ceil(most / batch) full batches, padding with weight 0
+    ("pad", 100, 900, 900, 950, {0: 1000, 1: 950}, (50, 50)),
+    ("pad", 100, 900, 900, 1000, {0: 1000, 1: 950}, (100, 0)),
+    ("pad", 100, 1000, 950, 950, {0: 1000, 1: 950}, (0, 0)),
+    ("pad", 100, 1000, 1000, 1050, {0: 1050, 1: 950}, (50, 50)),
+    ("pad", 100, 1000, 950, 950, {0: 1050, 1: 950}, (0, 100)),  # a whole batch of padding
+    ("pad", 100, 1100, 950, 950, {0: 1050, 1: 950}, (0, 0)),
+    # error: equal step counts go through untouched; unequal ones raise (below) only where the ranks part
+    ("error", 100, 900, 900, 950, {0: 1000, 1: 950}, (50, 0)),
+    ("error", 100, 1000, 1000, 1000, {0: 1000, 1: 950}, (0, 0)),
+    ("error", 100, 300, 300, 1150, {0: 1150, 1: 1000}, (100, 0)),  # the feed completed while this rank was early
+    ("error", 100, 900, 900, 1150, {0: 1150, 1: 1000}, (100, 0)),
+])
+def test_next_batch_decisions(policy, batch, fed, real, own, totals, expected):
+    assert U.next_batch(policy, batch, fed, real, own, totals) == expected
+
+
+@pytest.mark.parametrize("policy,batch,totals,match", [
+    ("error", 100, {0: 1050, 1: 950}, r"node 0: 1050 rows = 11 steps, node 1: 950 rows = 10 steps.*uneven='drop'"),
+    ("pad", 100, {0: 30, 1: 0}, r"node\(s\) 1 got no rows.*uneven='pad'"),
+    ("error", None, {0: 30, 1: 0}, r"node 0: 30 rows, node 1: 0 rows"),
+])
+def test_policies_that_cannot_give_equal_steps_raise_naming_every_rank(policy, batch, totals, match):
+    with pytest.raises(UnevenDataError, match=match):
+        U.check_totals(policy, totals, batch)
+    assert issubclass(UnevenDataError, FeedError) and issubclass(UnevenDataError, NonRetryable)  # never retried
+
+
+@pytest.mark.parametrize("policy,real,totals", [("error", 1000, {0: 1150, 1: 1000}), ("error", 901, {0: 1150, 1: 1000}),
+                                                 ("pad", 0, {0: 30, 1: 0})])
+def test_next_batch_raises_where_the_ranks_would_part(policy, real, totals):
+    with pytest.raises(UnevenDataError):
+        U.next_batch(policy, 100, real, real, totals[0], totals)
+
+
+def test_policy_names_are_checked():
+    assert U.check_policy(None) == "" and U.check_policy("pad") == "pad"
+    with pytest.raises(ConfigError, match="uneven must be one of 'drop', 'pad', 'error' or None"):
+        U.check_policy("truncate")
+
+
+@pytest.mark.parametrize("live,counts,expected", [
+    ([0, 1], {0: 300, 1: 200}, 200), ([0], {0: 300, 1: 200}, 300), ([], {0: 5}, 0), ([0, 1], {0: 7}, 0)])
+def test_safe_rows_is_the_fewest_rows_of_a_live_node(live, counts, expected):
+    assert safe_rows(live, counts) == expected
+
+
+def test_the_gate_answers_when_the_other_node_has_rows_or_the_feed_is_complete():
+    reg = NodeRegistry("c", [("chief", 0), ("worker", 0)])
+    sched = FeedScheduler(reg, [0, 1])
+    assert sched.on_assign(M.AssignChunk("c", "f", 100)).node_index == 0
+    t0 = time.monotonic()
+    assert sched.on_gate(M.FeedGate("c", 0, "f", 100, wait=0.3)) == M.FeedGateReply(0)  # node 1 has none yet
+    assert time.monotonic() - t0 >= 0.25
+    threading.Timer(0.2, lambda: sched.on_assign(M.AssignChunk("c", "f", 150))).start()
+    reply = sched.on_gate(M.FeedGate("c", 0, "f", 100, wait=5))  # woken by the assignment, not the deadline
+    assert reply == M.FeedGateReply(100) and time.monotonic() - t0 < 2
+    assert sched.take_rows("f") == {0: 100, 1: 150}
+    assert sched.on_gate(M.FeedGate("c", 1, "f", 400)) == M.FeedGateReply(100, True, ((0, 100), (1, 150)), 150)
+
+
+# --------------------------------------------------------------------------- the data path in one process
+
+class FeedPath:
+    """A control service, a feed scheduler and ``n`` feed hubs on loopback, fed by the feeding
+    tasks' own code; ``run(partitions, consume)`` feeds once and runs ``consume(rank, feed)`` per rank."""
+
+    def __init__(self, n: int, queue_chunks: int = 4):
+        self.secret = C.new_secret()
+        self.n = n
+        self.registry = NodeRegistry("c", [("chief", 0)] + [("worker", i) for i in range(n - 1)])
+        self.scheduler = FeedScheduler(self.registry, list(range(n)))
+        self.service = ControlService(self.registry, self.scheduler, self.secret, "127.0.0.1").start()
+        self.hubs = [FeedHub(self.secret, queue_chunks, gate=DriverClient("127.0.0.1", self.service.port, self.secret,
+                                                                         "c", i).feed_gate).start() for i in range(n)]
+
+    def close(self):
+        for h in self.hubs:
+            h.close()
+        self.service.stop()
+
+    def run(self, partitions, consume, uneven="drop", chunk_rows=None, feed_id="f1"):
+        cfg = M.FeedConfig("c", self.secret, "127.0.0.1", self.service.port, feed_id, "input", 30.0,
+                           tuple(range(self.n)), tuple((i, "127.0.0.1", h.port) for i, h in enumerate(self.hubs)),
+                           chunk_rows, uneven)
+        results, errors = {}, []
+
+        def rank(i):
+            try:
+                results[i] = consume(i, DataFeed(self.hubs[i]))
+            except BaseException as e:  # the test reads them
+                errors.append((i, e))
+
+        ranks = [threading.Thread(target=rank, args=(i,), daemon=True) for i in range(self.n)]
+        for t in ranks:
+            t.start()
+        feeder = make_train_feeder(cfg, arrow_input=False)
+        tasks = [threading.Thread(target=lambda p=p, rows=rows: list(feeder(p, iter(rows))), daemon=True)
+                 for p, rows in enumerate(partitions)]
+        for t in tasks:  # two at a time, as two executors would run them
+            t.start()
+        for t in tasks:
+            t.join(30)
+        per_node = self.scheduler.take_rows(feed_id)
+        totals = self.scheduler.totals(feed_id)
+        for i, h in enumerate(self.hubs):
+            end_feed("127.0.0.1", h.port, self.secret, i, feed_id, "input", per_node.get(i, 0), 30.0, totals=totals,
+                     uneven=uneven)
+        for t in ranks:
+            t.join(30)
+        assert not any(t.is_alive() for t in ranks), "a rank hung"
+        return results, errors, per_node
+
+
+@pytest.fixture
+def path():
+    fp = FeedPath(2)
+    yield fp
+    fp.close()
+
+
+def _steps_with_a_collective(barrier, read, step_secs=0.0):
+    """consume(): one barrier per batch (a collective); the batches' row counts and values."""
+    def consume(rank, feed):
+        sizes, values = [], []
+        for batch in read(feed):
+            time.sleep(step_secs)
+            barrier.wait()
+            sizes.append(len(batch[0]))
+            values.extend(int(v) for v in batch[0])
+        barrier.wait()  # the end: every rank got here after the same number of steps
+        return sizes, values
+    return consume
+
+
+def _partitions(sizes):
+    start, parts = 0, []
+    for s in sizes:
+        parts.append([(start + k, float(start + k)) for k in range(s)])
+        start += s
+    return parts
+
+
+@pytest.mark.parametrize("sizes,batch,read", [
+    ([1000, 700, 450], 100, "batches"),  # the issue's 2,150 rows in 3 unequal partitions
+    ([1000, 700, 450], 100, "next_batch"),
+    ([5, 3000, 17, 64, 999], 64, "batches"),
+    ([4096, 1], 256, "batches"),
+    ([60] * 5, 50, "batches"),  # chunks too small to split: 180 and 120 rows, 3 steps each, 30 rows dropped
+])
+def test_unequal_partitions_give_equal_steps_and_drop_the_surplus(path, sizes, batch, read):
+    barrier = threading.Barrier(2, timeout=15)
+    reader = (lambda f: f.batches(batch)) if read == "batches" else (
+        lambda f: iter(lambda: [np.array([r[0] for r in f.next_batch(batch)])] if not f.should_stop() else None, None))
+    results, errors, per_node = path.run(_partitions(sizes), _steps_with_a_collective(barrier, reader))
+    assert not errors, errors
+    (s0, v0), (s1, v1) = results[0], results[1]
+    s0, s1 = [s for s in s0 if s], [s for s in s1 if s]  # next_batch's read after the end may be empty
+    fewest = min(per_node.values())
+    steps = -(-fewest // batch)
+    assert len(s0) == len(s1) == steps and all(s == batch for s in s0[:-1] + s1[:-1])
+    assert len(set(v0 + v1)) == len(v0) + len(v1)  # no row twice
+    dropped = sum(per_node.values()) - len(v0) - len(v1)
+    assert dropped == sum(max(0, r - steps * batch) for r in per_node.values())
+    assert sum(h.rows_dropped for h in path.hubs) == dropped
+
+
+def test_pad_gives_full_batches_whose_weights_mark_the_padding(path):
+    barrier = threading.Barrier(2, timeout=15)
+
+    def consume(rank, feed):
+        out = []
+        for x, y, w in feed.batches(100):
+            barrier.wait()
+            out.append((len(x), float(w.sum()), x[w == 1].tolist()))
+        barrier.wait()
+        return out
+
+    results, errors, per_node = path.run(_partitions([1000, 700, 450]), consume, uneven="pad")
+    assert not errors, errors
+    most = max(per_node.values())
+    for rank, batches in results.items():
+        assert len(batches) == -(-most // 100) and all(n == 100 for n, _, _ in batches)
+        assert sum(w for _, w, _ in batches) == per_node[rank]  # every real row once, with weight 1
+    real = [v for b in results.values() for _, _, xs in b for v in xs]
+    assert sorted(real) == list(range(2150))
+    assert sum(h.rows_padded for h in path.hubs) == 2 * len(results[0]) * 100 - 2150
+
+
+def test_error_raises_on_every_rank_at_the_same_step(path):
+    """Slow steps: the feed is complete long before the ranks reach the step where they would part."""
+    barrier = threading.Barrier(2, timeout=15)
+    results, errors, per_node = path.run(_partitions([60] * 5), _steps_with_a_collective(
+        barrier, lambda f: f.batches(50), step_secs=0.05), uneven="error")
+    assert sorted(per_node.values()) == [120, 180]
+    assert sorted(i for i, _ in errors) == [0, 1] and not barrier.broken
+    for _, e in errors:
+        assert isinstance(e, UnevenDataError) and "uneven='drop'" in str(e)
+
+
+def test_dataset_blocks_respect_the_gate(path):
+    tf = pytest.importorskip("tensorflow")
+    barrier = threading.Barrier(2, timeout=30)
+
+    def consume(rank, feed):
+        n = 0
+        for x, _y in feed.dataset(64):
+            barrier.wait()
+            n += 1
+        barrier.wait()
+        return n
+
+    results, errors, per_node = path.run(_partitions([5000, 300, 1200, 77]), consume)
+    assert not errors, errors
+    assert results[0] == results[1] == -(-min(per_node.values()) // 64)
+    assert tf is not None

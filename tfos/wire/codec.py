@@ -1,0 +1,136 @@
+"""The codec of the message registry (:mod:`tfos.wire.messages`): registered frozen dataclasses
+to and from one JSON frame each, decoded with a check of every field against its annotation
+(ints, floats, strings, bools, tuples, dicts with string keys, optional values, nested registered
+types), so a malformed message is a :class:`~tfos.errors.ProtocolError`, never a half-built
+object. Nothing is ever unpickled."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from tfos.errors import ProtocolError
+
+PROTOCOL_VERSION = 4
+_MAX_INT = 2 ** 63
+
+_REGISTRY: dict[str, type] = {}
+_HINTS: dict[type, dict] = {}
+
+
+def message(cls):
+    """Class decorator: a frozen dataclass in the registry (it can travel as a JSON frame)."""
+    cls = dataclass(frozen=True)(cls)
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+# --------------------------------------------------------------------------- codec
+
+def _to_wire(value):
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_to_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _to_wire(v) for k, v in value.items()}
+    return value
+
+
+def encode(msg) -> bytes:
+    if _REGISTRY.get(type(msg).__name__) is not type(msg):
+        raise ProtocolError(f"{type(msg).__name__} is not a tfos message")
+    body = _to_wire(msg)
+    body["type"] = type(msg).__name__
+    body["v"] = PROTOCOL_VERSION
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def decode(data: bytes):
+    try:
+        body = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ProtocolError(f"frame is not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("frame is not a JSON object")
+    if body.pop("v", None) != PROTOCOL_VERSION:
+        raise ProtocolError(f"message version mismatch (this side speaks v{PROTOCOL_VERSION}); "
+                            "install the same tfos version on the driver and the executors")
+    name = body.pop("type", None)
+    cls = _REGISTRY.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ProtocolError("unknown message type")
+    return _build(cls, body, cls.__name__)
+
+
+def _hints(cls) -> dict:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = hints
+    return hints
+
+
+def _build(cls, body, where: str):
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{where}: expected an object")
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in body:
+            kwargs[f.name] = _check(hints[f.name], body[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ProtocolError(f"{where}: missing field {f.name!r}")
+    return cls(**kwargs)
+
+
+def _check(tp, value, where: str):
+    """``value`` (decoded JSON) as type ``tp``, or ProtocolError."""
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check(inner[0], value, where)
+    if tp in _REGISTRY.values():
+        return _build(tp, value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            if -_MAX_INT <= value < _MAX_INT:
+                return value
+            raise ProtocolError(f"{where}: integer out of range")
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple or tp is tuple:
+        if isinstance(value, list):
+            if not args:
+                return tuple(value)
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_check(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+            if len(args) == len(value):
+                return tuple(_check(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    elif origin is list or tp is list:
+        if isinstance(value, list):
+            return [_check(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)] if args else value
+    elif origin is dict or tp is dict:
+        if isinstance(value, dict):
+            if not args:
+                return value
+            return {k: _check(args[1], v, f"{where}[{k!r}]") for k, v in value.items()}
+    else:
+        raise ProtocolError(f"{where}: unsupported field type {tp!r}")
+    raise ProtocolError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {type(value).__name__}")

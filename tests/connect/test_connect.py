@@ -36,6 +36,19 @@ def test_digits_example_trains_and_infers_over_connect(connect_spark, tmp_path):
     assert sorted(r["label"] for r in rows) == sorted(yte.tolist())
 
 
+@pytest.mark.slow
+def test_notebook_runs_top_to_bottom_over_connect(connect_spark, tmp_path, monkeypatch):
+    """The notebook's cells in their own kernel, whose session is a Connect client of this suite's
+    server (``TFOS_NOTEBOOK_REMOTE=sc://...``): the cells a Connect user runs, without a second
+    server; tests/e2e runs them on a classic session."""
+    from notebook_runner import run_notebook
+
+    b = connect_spark.client._builder  # the embedded server's address (its token is in the environment)
+    outputs = run_notebook(tmp_path, monkeypatch, f"sc://{b.endpoint}")
+    assert "test accuracy" in outputs and "on 450 rows" in outputs
+    assert "pyspark.sql.connect" in outputs  # the session the kernel got
+
+
 def record_node(args, ctx):
     """What the node learnt from its task context: GPU addresses, the default filesystem, its role."""
     with open(os.path.join(args, f"node-{ctx.node_index}.json"), "w") as f:

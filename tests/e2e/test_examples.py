@@ -1,5 +1,5 @@
 """The bundled examples end to end: on the shared local-cluster, in a notebook, under
-spark-submit, on a real standalone master + worker, and the parameter-server example on its
+spark-submit on a real standalone master + worker, and the parameter-server example on its
 own local-cluster[3,1,1024]."""
 
 import os
@@ -33,38 +33,14 @@ def test_digits_spark_example_trains_and_writes_predictions(spark, source, epoch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("remote", [None, "local-cluster"], ids=["classic", "connect"])
-def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch, remote):
-    """The notebook's own kernel starts its Spark: a classic session, or (TFOS_NOTEBOOK_REMOTE) a
-    Spark Connect session on an embedded Connect server; the cells are the same."""
-    import os
+def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
+    """The notebook's own kernel starts its Spark (a classic session); the Spark Connect suite runs
+    the same cells against its Connect server (tests/connect)."""
+    from notebook_runner import run_notebook
 
-    import nbclient
-    import nbformat
-
-    if remote:
-        monkeypatch.setenv("TFOS_NOTEBOOK_REMOTE", remote)
-
-    root = ROOT
-    nb = nbformat.read(os.path.join(root, "examples", "notebook", "tfos_step_by_step.ipynb"), as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
-    outputs = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
-                      for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    outputs = run_notebook(tmp_path, monkeypatch)
     assert "test accuracy" in outputs and "on 450 rows" in outputs
-    assert ("pyspark.sql.connect" in outputs) == bool(remote)  # the session the kernel got
-
-
-@pytest.mark.slow
-def test_digits_example_runs_under_spark_submit(tmp_path):
-    """The README's spark-submit command, against an embedded local-cluster master: MWMS with
-    per-rank file shards to accuracy (one of the suite's three trainings to accuracy)."""
-    import os
-    import sys
-
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    _submit_digits_example(tmp_path, env, ["--master", "local-cluster[2,1,1024]"])
+    assert "pyspark.sql.connect" not in outputs  # the session the kernel got
 
 
 def _submit_digits_example(tmp_path, env, spark_args, epochs=10, min_acc=0.9):
@@ -104,8 +80,10 @@ def test_digits_keras_fit_example(spark, tmp_path, keras_version):
 
 
 @pytest.mark.slow
-def test_digits_example_on_a_standalone_cluster(tmp_path):
-    """The README's standalone command: a real Spark standalone master + worker on this host."""
+def test_digits_example_under_spark_submit_on_a_standalone_cluster(tmp_path):
+    """The README's spark-submit command against a real Spark standalone master + worker on this
+    host: MWMS with per-rank file shards to accuracy (one of the suite's three trainings to
+    accuracy; the main job's test runs the same script on the embedded local-cluster)."""
     import os
     import re
     import subprocess
@@ -141,7 +119,7 @@ def test_digits_example_on_a_standalone_cluster(tmp_path):
         start(["org.apache.spark.deploy.worker.Worker", master, "--cores", "2", "--memory", "3g",
                "--webui-port", "0", "--host", "127.0.0.1"], "worker.log", r"Successfully registered with master")
         _submit_digits_example(tmp_path, env, ["--master", master, "--conf", "spark.executor.cores=1",
-                                               "--conf", "spark.executor.memory=1g"], epochs=2, min_acc=None)
+                                               "--conf", "spark.executor.memory=1g"])
     finally:
         for p in reversed(procs):
             processes.terminate(p, 5.0, "spark daemon")

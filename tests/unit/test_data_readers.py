@@ -369,3 +369,37 @@ def test_tfos_error_recovered_from_spark_error_text():
                                                      "(raised in a Spark task)")
     other = RuntimeError("boom")
     assert spark_io._task_error(other) is other
+
+
+def test_whole_records_stops_at_the_last_complete_record():
+    from tfos.data.spool import whole_records
+    from tfos.data.tfrecord import tfrecord_frame
+
+    a, b = tfrecord_frame(b"x" * 10), tfrecord_frame(b"y" * 300)
+    assert whole_records(a + b) == len(a + b) and whole_records(a + b[:-1]) == len(a)
+    assert whole_records(a[:5]) == 0 and whole_records(b"") == 0
+
+
+def test_the_arrow_reader_streams_blocks_and_names_a_truncated_file(tf, tmp_path, monkeypatch):
+    """Blocks much smaller than the file: records cross block ends; a file cut inside a record is an
+    error naming it; a consumer that stops early leaves no reader process and no spooled block."""
+    import glob
+
+    from tfos.data import spool
+    from tfos.host import private
+
+    monkeypatch.setenv("TFOS_SPOOL_BLOCK", "1000")  # for new reader processes: end the idle ones
+    spool._close_idle()
+    recs = [bytes([i % 256]) * (i % 97 + 1) for i in range(2000)]
+    path = tmp_path / "r.tfrecord"
+    with open(path, "wb") as f:
+        for r in recs:
+            f.write(data.tfrecord_frame(r))
+    assert [r.numpy() for r in data.tfrecord_dataset([str(path)], reader="arrow")] == recs
+    assert [r.numpy() for r in data.tfrecord_dataset([str(path)], reader="arrow").take(3)] == recs[:3]
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(tf.errors.UnknownError, match=r"truncated TFRecord in .*cut\.tfrecord"):
+        list(data.tfrecord_dataset([str(cut)], reader="arrow"))
+    assert not glob.glob(private.private_dir("spool") + "/spool-*/*.tfrecord")
+    spool._close_idle()

@@ -16,7 +16,8 @@ import numpy as np
 
 from tfos.data import equal
 from tfos.data.fs import _file_list, _local_path, _resolve
-from tfos.data.tfrecord import _compression_of, _iter_file_records, _norm_compression
+from tfos.data.spool import spool_paths
+from tfos.data.tfrecord import _compression_of, _norm_compression
 from tfos.errors import ConfigError, FeedError, TFOSError
 from tfos.data.datasets import no_autoshard
 
@@ -31,11 +32,14 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
     (e.g. ``{"x": tf.io.FixedLenFeature([784], tf.float32)}``); when given, each element is the
     parsed dict instead of the serialized bytes.
 
-    ``reader``: ``'tensorflow'`` uses ``tf.data.TFRecordDataset`` (local and file:// paths, gs://);
-    ``'arrow'`` reads through pyarrow (any filesystem pyarrow knows, including hdfs://, which TF
-    2.21 cannot open); ``'auto'`` picks tensorflow when every file is local, else arrow.
-    ``buffer_size`` / ``num_parallel_reads`` go to TFRecordDataset; ``verify_checksums`` to the
-    arrow reader (see :func:`~tfos.data.iter_tfrecords`). The dataset has AutoShardPolicy.OFF.
+    ``reader``: ``'tensorflow'`` uses ``tf.data.TFRecordDataset`` on the paths (local and file://
+    paths, gs://); ``'arrow'`` reads the bytes through pyarrow (any filesystem pyarrow knows,
+    including hdfs://, which TF 2.21 cannot open) and hands them to ``TFRecordDataset`` in blocks
+    of whole records (:mod:`tfos.data.spool`: bounded memory, records parsed and checksums checked
+    in TF's C++); ``'auto'`` picks tensorflow when every file is local, else arrow.
+    ``buffer_size`` / ``num_parallel_reads`` go to TFRecordDataset (``num_parallel_reads`` only with
+    the tensorflow reader; ``verify_checksums`` is kept for compatibility: TF always checks them).
+    The dataset has AutoShardPolicy.OFF.
 
     ``batch_size``: batch the records (the last batch smaller). With the files of
     :func:`~tfos.data.rank_files` every rank then yields the same number of batches whatever its
@@ -61,21 +65,12 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
         names = [p if p is not None else f for p, f in zip(local, files)]
         ds = tf.data.TFRecordDataset(tf.constant(names, dtype=tf.string), compression_type=compression,
                                      buffer_size=buffer_size, num_parallel_reads=num_parallel_reads)
-    else:
-        def records():  # to TF in chunks of ~1 MB or 1024 records: one Python -> TF crossing per chunk
-            chunk, size = [], 0
-            for f in files:
-                for record in _iter_file_records(f, compression, verify_checksums):
-                    chunk.append(record)
-                    size += len(record)
-                    if len(chunk) == 1024 or size >= 1 << 20:
-                        yield np.array(chunk, dtype=object)
-                        chunk, size = [], 0
-            if chunk:
-                yield np.array(chunk, dtype=object)
-
-        ds = tf.data.Dataset.from_generator(
-            records, output_signature=tf.TensorSpec(shape=(None,), dtype=tf.string)).unbatch()
+    else:  # pyarrow reads each file; TF's own reader parses it block by block (tfos.data.spool)
+        paths = tf.data.Dataset.from_generator(lambda: spool_paths(files, compression),
+                                               output_signature=tf.TensorSpec(shape=(), dtype=tf.string))
+        ds = paths.interleave(lambda p: tf.data.TFRecordDataset(p, buffer_size=buffer_size or (1 << 20)),
+                              cycle_length=1, block_length=1)
+        ds = ds.prefetch(tf.data.AUTOTUNE)  # reading, spooling and parsing run beside the consumer
     if features is not None:
         ds = ds.map(lambda r: tf.io.parse_single_example(r, features), num_parallel_calls=tf.data.AUTOTUNE)
     if batch_size:

@@ -103,8 +103,8 @@ class FeedPath:
         self.registry = NodeRegistry("c", [("chief", 0)] + [("worker", i) for i in range(n - 1)])
         self.scheduler = FeedScheduler(self.registry, list(range(n)))
         self.service = ControlService(self.registry, self.scheduler, self.secret, "127.0.0.1").start()
-        self.hubs = [FeedHub(self.secret, queue_chunks, gate=DriverClient("127.0.0.1", self.service.port, self.secret,
-                                                                         "c", i).feed_gate).start() for i in range(n)]
+        self.hubs = [FeedHub(self.secret, queue_chunks, gate_client=lambda i=i: DriverClient(
+            "127.0.0.1", self.service.port, self.secret, "c", i)).start() for i in range(n)]
 
     def close(self):
         for h in self.hubs:

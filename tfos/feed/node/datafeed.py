@@ -21,24 +21,66 @@ from tfos.feed import arrow, uneven
 
 logger = logging.getLogger(__name__)
 
-#: how long one gate request waits on the driver for the other ranks' rows before asking again
+#: how long one gate request waits on the driver for a rise of the safe count before asking again
 GATE_WAIT = 5.0
 
 
 class _Gate:
     """This node's place in one train feed with equal steps: rows yielded (``fed``, padding
     included; ``real`` without), the driver's safe count, and once the feed is complete every
-    live node's total (``totals``) and this node's (``own``)."""
+    live node's total (``totals``) and this node's (``own``).
 
-    def __init__(self, feed_id: str, policy: str, first: pa.RecordBatch):
+    A watcher thread keeps ``safe`` fresh: it long-polls the driver (FeedGate, on one
+    authenticated connection) for any rise of the safe count, so the reader rarely waits and never
+    asks itself; its one request per rise runs beside training."""
+
+    def __init__(self, feed_id: str, policy: str, first: pa.RecordBatch, client=None):
         self.feed_id = feed_id
         self.policy = policy
         self.safe = 0
         self.fed = self.real = self.padded = self.dropped = 0
         self.totals: dict[int, int] | None = None
         self.own = 0
+        self.error: BaseException | None = None
+        self.requests = 0  # gate requests the watcher made (reported: feed_gate_requests)
+        self.wait_secs = 0.0  # how long the reader waited at the gate (reported: feed_gate_wait_secs)
+        self.cond = threading.Condition()
+        self._stop = threading.Event()
         # "pad" repeats a row of this node's with weight 0: keep one (a copy, not a view of the chunk)
         self._pad_row = first.take(pa.array([0])) if policy == "pad" and first.num_rows else None
+        if policy and client is not None:
+            threading.Thread(target=self._watch, args=(client,), name=f"tfos-gate-{feed_id}", daemon=True).start()
+
+    def _watch(self, client) -> None:
+        try:
+            with client.session(timeout=GATE_WAIT + 30):
+                while not self._stop.is_set():
+                    reply = client.feed_gate(self.feed_id, self.safe + 1, GATE_WAIT)
+                    self.requests += 1
+                    with self.cond:
+                        self.safe = max(self.safe, reply.safe)
+                        if reply.complete:
+                            self.totals, self.own = dict(reply.totals), reply.own
+                        self.cond.notify_all()
+                    if reply.complete:
+                        return
+        except BaseException as e:  # the reader raises it when it next needs the gate
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def wait(self, need: int) -> None:
+        """Until the safe count reaches ``need`` or the feed is complete (the watcher's news)."""
+        t0 = time.monotonic()
+        with self.cond:
+            while self.totals is None and self.safe < need and self.error is None:
+                self.cond.wait(1.0)
+            self.wait_secs += time.monotonic() - t0
+            if self.error is not None:
+                raise FeedError(f"equal steps: the driver's gate failed: {self.error}") from self.error
+
+    def close(self) -> None:
+        self._stop.set()
 
     def padding(self, k: int) -> pa.RecordBatch:
         return self._pad_row.take(pa.array(np.zeros(k, dtype=np.int64)))
@@ -53,13 +95,6 @@ def _weighted(batch: pa.RecordBatch, weight: float) -> pa.RecordBatch:
     schema = batch.schema.append(pa.field(uneven.WEIGHT_COLUMN, pa.float32())).with_metadata(meta)
     return pa.RecordBatch.from_arrays(list(batch.columns) + [pa.array(np.full(batch.num_rows, weight, np.float32))],
                                       schema=schema)
-
-
-def _batches_of_block(*block):
-    """A block (k, rows, ...) -> a dataset of its k batches, sliced in TF (no copy per batch)."""
-    import tensorflow as tf
-
-    return tf.data.Dataset.from_tensor_slices(block[0] if len(block) == 1 else block)
 
 
 class DataFeed:
@@ -117,8 +152,8 @@ class DataFeed:
             self._batch, self._origin, self._offset = item.batch, item.origin, 0
             self._feed_rows[item.feed_id] += item.batch.num_rows
             if self._gate is None and self.train_mode and item.origin.train:
-                gated = item.origin.uneven if item.origin.ranks > 1 and self.hub.gate is not None else ""
-                self._gate = _Gate(item.feed_id, gated, item.batch)
+                gated = item.origin.uneven if item.origin.ranks > 1 and self.hub.gate_client is not None else ""
+                self._gate = _Gate(item.feed_id, gated, item.batch, self.hub.gate_client() if gated else None)
         elif isinstance(item, End):
             got_rows = self._feed_rows.pop(item.feed_id, 0)
             if got_rows != item.rows:
@@ -146,10 +181,7 @@ class DataFeed:
             if g.totals is None:
                 if g.real + n <= g.safe:
                     return n, 0
-                reply = self.hub.gate(g.feed_id, g.real + n, GATE_WAIT)
-                g.safe = max(g.safe, reply.safe)
-                if reply.complete:
-                    g.totals, g.own = dict(reply.totals), reply.own
+                g.wait(g.real + n)
                 continue
             real, pad = uneven.next_batch(g.policy, n, g.fed, g.real, g.own, g.totals)
             if real or pad:
@@ -168,10 +200,15 @@ class DataFeed:
                 continue
             self._accept(self._next_item())
         g.dropped = dropped
+        g.close()
         self.hub.rows_dropped += dropped
         self.hub.rows_padded += g.padded
+        self.hub.gate_requests += g.requests
+        self.hub.gate_wait_secs += g.wait_secs
         if self.hub.reporter is not None:
-            self.hub.reporter.report({"rows_dropped": self.hub.rows_dropped, "rows_padded": self.hub.rows_padded})
+            self.hub.reporter.report({"rows_dropped": self.hub.rows_dropped, "rows_padded": self.hub.rows_padded,
+                                      "feed_gate_requests": self.hub.gate_requests,
+                                      "feed_gate_wait_secs": round(self.hub.gate_wait_secs, 3)})
         if dropped or g.padded:
             logger.warning("tfos feed %s: this node read %d of its %d rows in %d steps of %d and %s so that every node "
                            "runs the same steps (uneven=%r; rows per node: %s)", g.feed_id, g.real, g.own,
@@ -262,6 +299,8 @@ class DataFeed:
 
     def terminate(self) -> None:
         """Stop reading: Spark skips the rest of the feed (data in flight is discarded), no error."""
+        if self._gate is not None:
+            self._gate.close()
         if not self.queue.terminated.is_set():
             self.queue.terminated.set()
             if self.hub.on_terminate is not None:
@@ -325,7 +364,7 @@ class DataFeed:
             if got == batch_size and self._batch is not None:  # and every whole batch left in this chunk
                 more = (self._batch.num_rows - self._offset) // batch_size * batch_size
                 g = self._gate
-                if g is not None and g.policy:  # the whole batches the gate allows now, without asking
+                if g is not None and g.policy:  # the whole batches the gate allows now, without waiting
                     more = 0 if g.totals is not None else min(more, (g.safe - g.real) // batch_size * batch_size)
                 if more:
                     slices += self._take(more, admitted=True)
@@ -381,7 +420,7 @@ class DataFeed:
                     xs[j] = tf.cast(xs[j], dt)
                 return tuple(xs)
             ds = ds.map(cast)
-        ds = ds.flat_map(_batches_of_block).prefetch(tf.data.AUTOTUNE)
+        ds = ds.unbatch().prefetch(tf.data.AUTOTUNE)  # a block (k, rows, ...) -> its k batches (rows, ...)
         from tfos.data.datasets import no_autoshard
 
         return no_autoshard(ds)

@@ -114,9 +114,9 @@ class FeedHub:
     """TCP server in the TF process. Spark tasks connect with the cluster secret and stream
     ``FeedBegin``, Arrow data frames and ``FeedPartitionEnd``; the driver sends ``FeedEnd``."""
 
-    def __init__(self, secret: str, queue_chunks: int = 4, on_terminate=None, gate=None):
+    def __init__(self, secret: str, queue_chunks: int = 4, on_terminate=None, gate_client=None):
         self.on_terminate = on_terminate  # called with the queue name when main_fun terminates a feed
-        self.gate = gate  # gate(feed_id, need, wait) -> FeedGateReply: the driver's safe row count
+        self.gate_client = gate_client  # () -> a DriverClient of this node: equal steps ask the driver (feed_gate)
         self.queue_chunks = max(1, int(queue_chunks))
         self.queues: dict[str, FeedQueue] = {}
         self._lock = threading.Lock()
@@ -125,6 +125,8 @@ class FeedHub:
         self.bytes_received = 0
         self.rows_dropped = 0  # by equal steps (uneven="drop"), over every feed of this node
         self.rows_padded = 0  # by uneven="pad"
+        self.gate_requests = 0  # the equal-steps watchers' requests to the driver
+        self.gate_wait_secs = 0.0  # how long readers waited at the gate for the other ranks' rows
         self.reporter = None  # set by the TF process: feed waits go on the cluster timeline
         self._listener = Listener(secret, self._serve, "feed-hub")
         self.port = self._listener.port

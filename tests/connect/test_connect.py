@@ -37,10 +37,21 @@ def test_digits_example_trains_and_infers_over_connect(connect_spark, tmp_path):
 
 
 @pytest.mark.slow
+def test_notebook_runs_top_to_bottom_on_a_classic_session(tmp_path, monkeypatch):
+    """The notebook's cells in their own kernel, which starts its own classic session (an embedded
+    local-cluster): here beside its Connect twin, so that the main suite stays short."""
+    from notebook_runner import run_notebook
+
+    outputs = run_notebook(tmp_path, monkeypatch)
+    assert "test accuracy" in outputs and "on 450 rows" in outputs
+    assert "pyspark.sql.connect" not in outputs  # the session the kernel got
+
+
+@pytest.mark.slow
 def test_notebook_runs_top_to_bottom_over_connect(connect_spark, tmp_path, monkeypatch):
     """The notebook's cells in their own kernel, whose session is a Connect client of this suite's
     server (``TFOS_NOTEBOOK_REMOTE=sc://...``): the cells a Connect user runs, without a second
-    server; tests/e2e runs them on a classic session."""
+    server."""
     from notebook_runner import run_notebook
 
     b = connect_spark.client._builder  # the embedded server's address (its token is in the environment)

@@ -150,7 +150,7 @@ def sleeps_while_the_other_waits(args, ctx):
 
 @pytest.mark.slow
 def test_a_rank_that_sleeps_forever_gets_stall_error_with_both_stacks(tfos_cluster):
-    stall_timeout = 8
+    stall_timeout = 4
     cluster = tfos_cluster(2, 0, stall_timeout=stall_timeout, report_interval=0.2)
     cluster.start(sleeps_while_the_other_waits, None)
     t0 = time.monotonic()

@@ -202,7 +202,7 @@ def test_keras_fit_killed_mid_training_resumes_at_the_epoch_after_its_backup(tfo
     import digits_keras_fit
     import digits_tf
 
-    epochs = 16
+    epochs = 10
     args = SimpleNamespace(keras=keras_version, epochs=epochs, batch_size=32, learning_rate=0.01, compression=None,
                            data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "out"))
     os.makedirs(args.output_dir)

@@ -50,9 +50,11 @@ def test_script_must_be_readable_on_the_driver(sc, tmp_path):
 
 
 def test_tfos_run_command_exit_code_and_errors(tmp_path):
-    """``python -m tfos.run`` with its own Spark session: the worker's non-zero exit makes the
-    command exit 1 and print the node's exit code and output; the chief's copy ran with its role,
-    and what it printed is on the console (rank 0's lines reach the driver)."""
+    """``python -m tfos.run`` with its own Spark session (``local[2]``: the command's exit code and
+    output are the subject, not the executors; the nodes are processes of their own either way):
+    the worker's non-zero exit makes the command exit 1 and print the node's exit code and output;
+    the chief's copy ran with its role, and what it printed is on the console (rank 0's lines
+    reach the driver)."""
     script = tmp_path / "roles.py"
     script.write_text("import json, os, sys, time\n"
                       "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
@@ -60,7 +62,7 @@ def test_tfos_run_command_exit_code_and_errors(tmp_path):
                       "time.sleep(2 if task['type'] == 'worker' else 0)\n"
                       "sys.exit(4 if task['type'] == 'worker' else 0)\n")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    out = subprocess.run([sys.executable, "-m", "tfos.run", "--master", "local-cluster[2,1,1024]", "--num-executors", "2",
+    out = subprocess.run([sys.executable, "-m", "tfos.run", "--master", "local[2]", "--num-executors", "2",
                           str(script), "--lr", "0.1"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "exited with code 4" in out.stderr and "role worker 0 args ['--lr', '0.1']" in out.stderr

@@ -139,6 +139,18 @@ def test_plan_chunk_keeps_shares_level(live, counts, rows, slack, expected):
     assert pieces == expected and sum(r for _, r in pieces) == (rows if live else 0)
 
 
+@pytest.mark.parametrize("live,counts,rows,local,expected", [
+    ([0, 1], {0: 0, 1: 0}, 1000, (1,), [(1, 1000)]),  # the producer's host runs node 1: no network
+    ([0, 1], {0: 900, 1: 0}, 1000, (0,), [(0, 1000)]),  # up to two chunks ahead of the fewest
+    ([0, 1], {0: 1500, 1: 0}, 600, (0,), [(1, 600)]),  # more: the fewest rows take it
+    ([0, 1, 2], {0: 0, 1: 0, 2: 900}, 1000, (1, 2), [(1, 1000)]),  # the local node with the fewest rows
+    ([0, 1], {0: 0, 1: 0}, 1000, (0, 1), [(0, 500), (1, 500)]),  # every node local: no preference
+    ([0], {0: 0, 1: 0}, 1000, (1,), [(0, 1000)]),  # the local node finished reading
+])
+def test_plan_chunk_prefers_a_node_on_the_producing_host(live, counts, rows, local, expected):
+    assert plan_chunk(live, counts, rows, 64, local) == expected
+
+
 I, F, S = Column("a", "number", "int64"), Column("a", "number", "double"), Column("a", "string", "string")
 V8, V9 = Column("v", "list<item: float>", "fixed_size_list<item: float>[8]", "8"), \
     Column("v", "list<item: float>", "fixed_size_list<item: float>[9]", "9")
@@ -426,3 +438,12 @@ def test_failure_policy_losing_a_node(job, survivable, peers, started, max_resta
                        running=True, survivable_jobs=survivable, peers_running=peers, all_started=started)
     assert d.action is Action[action]
 
+
+
+@pytest.mark.parametrize("assigned,started,partitions,live,expected", [
+    (16000, 3, 32, 2, 1000), (16000, 30, 32, 2, 0), (16000, 31, 32, 2, 0), (16000, 3, 0, 2, 0),
+])
+def test_locality_slack_lets_a_node_run_ahead_until_the_last_partitions(assigned, started, partitions, live, expected):
+    from tfos.feed.driver.scheduler import locality_slack
+
+    assert locality_slack(assigned, started, partitions, live) == expected

@@ -67,6 +67,13 @@ class DriverClient:
                 raise TFOSTimeoutError(f"no answer from the tfos driver at {self.host}:{self.port} within "
                                        f"{timeout:.0f}s{hint}") from None
 
+    def local_address(self) -> str:
+        """This end's address of the open session (the interface this host reaches the driver on), or ""."""
+        try:
+            return self._ch.sock.getsockname()[0] if self._ch is not None else ""
+        except OSError:
+            return ""
+
     # -- TF process
     def register(self, node: M.NodeInfo) -> None:
         self._request(M.RegisterNode(self.cluster_id, node), timeout=30.0)
@@ -130,7 +137,8 @@ class DriverClient:
         """Where the next ``rows`` rows go: ``[(node, rows)]`` in order, one piece or several (the
         driver levels the nodes' shares); empty when every node stopped reading. With ``columns``
         (a partition's first chunk) the driver also checks them against the feed's."""
-        reply = self._request(M.AssignChunk(self.cluster_id, feed_id, rows, failed_node, partition, columns))
+        reply = self._request(M.AssignChunk(self.cluster_id, feed_id, rows, failed_node, partition, columns,
+                                            self.local_address()))
         if reply.node_index < 0:
             return []
         return list(reply.pieces) or [(reply.node_index, rows)]

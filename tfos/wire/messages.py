@@ -183,6 +183,7 @@ class AssignChunk:
     failed_node: int = -1
     partition: int = -1
     columns: tuple[Column, ...] | None = None
+    host: str = ""  # the feeding task's address: a node on the same host is preferred (locality)
 
 
 @message

@@ -89,6 +89,7 @@ class FeedJobs:
         if not is_dataframe(data) and self.spark.connect:
             raise_no_rdd("train() with an RDD")
         cfg = self.feed_config(qname, feed_timeout, chunk_rows, uneven)
+        self.scheduler.partitions[cfg.feed_id] = num_epochs * _partitions(data, self.spark.connect)
         if is_dataframe(data):
             feeder = make_train_feeder(cfg, arrow_input=True)
 
@@ -178,6 +179,18 @@ class FeedJobs:
                     logger.error("could not end the feed of node %d: %s", i, e)
                     unreached.append((i, str(e)))
         return unreached
+
+
+def _partitions(data, connect: bool) -> int:
+    """The partitions one epoch of ``data`` has, when Spark tells without running a job (0: unknown;
+    a Spark Connect client cannot ask)."""
+    try:
+        if is_dataframe(data):
+            return 0 if connect else data.rdd.getNumPartitions()
+        return data.getNumPartitions()
+    except Exception as e:  # the feed is right without it; only its locality is plainer
+        logger.debug("could not count the partitions of the data to feed: %s", e)
+        return 0
 
 
 def _first_line(e: BaseException) -> str:

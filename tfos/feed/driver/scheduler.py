@@ -13,6 +13,7 @@ the feed is complete, learns every live node's total.
 from __future__ import annotations
 
 import logging
+import collections
 import threading
 import time
 
@@ -34,14 +35,25 @@ def slack_rows(assigned: int) -> int:
     return max(MIN_PIECE, int(assigned * SLACK_FRACTION))
 
 
-def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int) -> list[tuple[int, int]]:
-    """Pure: the pieces ``[(node, rows)]`` of a chunk of ``rows`` rows. The whole chunk goes to the
-    live node with the fewest rows (lowest index on ties) while that leaves it at most ``slack``
-    rows ahead of the next; otherwise the chunk is spread to level the shares (the fewest first),
-    in pieces of at least MIN_PIECE rows. Shares then part by at most ``slack`` + a piece: the
-    rows equal steps may drop at the end of a feed (:mod:`tfos.feed.uneven`)."""
+def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int,
+               local: tuple[int, ...] = (), local_slack: int = 0) -> list[tuple[int, int]]:
+    """Pure: the pieces ``[(node, rows)]`` of a chunk of ``rows`` rows.
+
+    ``local``: the nodes on the host that produced the chunk. When other live nodes are elsewhere,
+    the whole chunk goes to the local live node with the fewest rows while that leaves it at most
+    ``max(slack, 2 * rows, local_slack)`` ahead of the node with the fewest (the chunk then crosses
+    no network). Otherwise it goes to the live
+    node with the fewest rows (lowest index on ties) while that leaves it at most ``slack`` rows
+    ahead of the next; otherwise it is spread to level the shares (the fewest first), in pieces of
+    at least MIN_PIECE rows. Shares part by at most two chunks, less once locality is not
+    possible: the rows equal steps may drop at the end of a feed (:mod:`tfos.feed.uneven`)."""
     if not live:
         return []
+    near = [i for i in local if i in live]
+    if near and len(near) < len(live):  # locality only between hosts: one host's nodes share by the rest
+        mine = min(near, key=lambda i: (counts.get(i, 0), i))
+        if counts.get(mine, 0) + rows <= min(counts.get(i, 0) for i in live) + max(slack, 2 * rows, local_slack):
+            return [(mine, rows)]
     order = sorted(live, key=lambda i: (counts.get(i, 0), i))
     c = [counts.get(i, 0) for i in order]
     if len(order) == 1 or rows <= MIN_PIECE or c[0] + rows <= c[1] + slack:
@@ -57,6 +69,16 @@ def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int) -
     pieces = [(i, g) for i, g in pieces if g >= MIN_PIECE] or [(order[0], 0)]
     pieces[0] = (pieces[0][0], pieces[0][1] + small)  # tiny remainders go with the neediest node's piece
     return pieces
+
+
+def locality_slack(assigned: int, started: int, partitions: int, live: int) -> int:
+    """Pure: how far ahead a node may run on its own host's chunks: 1/16 of the rows assigned so
+    far while partitions are still to start, 0 (two chunks) once the last ones started (``live``
+    of them, one per node, may still run) or when the feed's partition count is unknown (0): the
+    last chunks then level the shares, so equal steps drop little."""
+    if partitions <= 0 or started >= partitions - live:
+        return 0
+    return assigned // 16
 
 
 def safe_rows(live: list[int], counts: dict[int, int]) -> int:
@@ -78,6 +100,15 @@ class FeedScheduler:
         self.completed: dict[str, tuple[tuple[int, int], ...]] = {}  # feed -> live nodes' final rows
         self._lock = threading.Lock()  # the scheduler's own state; the registry is read by snapshot
         self._changed = threading.Condition(self._lock)  # an assignment, a termination, a completion
+        self.locality = True  # prefer a node on the producing task's host (plan_chunk's ``local``)
+        self.produced: collections.Counter = collections.Counter()  # rows assigned, by the producing task's host
+        self.partitions: dict[str, int] = {}  # feed -> its partitions (all epochs), when the driver knows them
+        self.started: dict[str, int] = {}  # feed -> partitions that sent their first chunk
+
+    def nodes_on(self, host: str) -> tuple[int, ...]:
+        """The feeding nodes registered on ``host`` (an address as the nodes registered theirs)."""
+        return tuple(n.node_index for n in self.registry.registered()
+                     if n.host == host and n.node_index in self.feed_ranks)
 
     def new_attempt(self) -> None:
         """Forget which nodes terminated their feeds (a restart starts every node again)."""
@@ -97,6 +128,8 @@ class FeedScheduler:
         its live nodes' totals answer the gates from now on (:meth:`totals`)."""
         with self._lock:
             self.feed_columns.pop(feed_id, None)
+            self.partitions.pop(feed_id, None)
+            self.started.pop(feed_id, None)
             rows = dict(self.feed_rows.pop(feed_id, {}))
             snap = self.registry.snapshot()
             self.completed[feed_id] = tuple((i, rows.get(i, 0)) for i in self.feed_ranks
@@ -128,7 +161,13 @@ class FeedScheduler:
                                         "see the node's log in the driver's error")
             live = [i for i in self.feed_ranks if not self._finished(i, snap)]
             counts = self.feed_rows.setdefault(msg.feed_id, {i: 0 for i in self.feed_ranks})
-            pieces = plan_chunk(live, counts, msg.rows, slack_rows(sum(counts.values())))
+            local = self.nodes_on(msg.host) if self.locality and msg.host else ()
+            self.produced[msg.host] += msg.rows
+            started = self.started.setdefault(msg.feed_id, 0) + (msg.partition >= 0)
+            self.started[msg.feed_id] = started
+            assigned = sum(counts.values())
+            pieces = plan_chunk(live, counts, msg.rows, slack_rows(assigned), local,
+                                locality_slack(assigned, started, self.partitions.get(msg.feed_id, 0), len(live)))
             for node, rows in pieces:
                 counts[node] += rows
             if pieces:

@@ -14,6 +14,12 @@ def run_notebook(tmp_path, monkeypatch, remote=None) -> str:
 
     if remote:
         monkeypatch.setenv("TFOS_NOTEBOOK_REMOTE", remote)
+    else:
+        # A Connect session made earlier in this process marks the environment as Connect mode
+        # (pyspark sets SPARK_CONNECT_MODE_ENABLED); the kernel would inherit it and refuse a
+        # classic session. The classic variant's kernel gets a classic environment.
+        for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "TFOS_NOTEBOOK_REMOTE"):
+            monkeypatch.delenv(name, raising=False)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})

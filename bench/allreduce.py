@@ -4,10 +4,12 @@ For each tensor size (float32, default 16, 64 and 256 MiB) and rank count, in ON
   * torch Gloo (ref)   torch.distributed's ProcessGroupGloo.allreduce on a torch tensor, in place:
                        the reference the issue names
   * tfos gloo          tfos.keras_dist.allreduce(t) with implementation='gloo' (the default on CPU
-                       hosts with PyTorch) inside tf.function: t stays unchanged, so the result is a
-                       new tensor (chunked copy overlapped with the all-reduce)
-  * tfos gloo grads    the DistributedOptimizer path: 4 gradient tensors of size/4 packed with
-                       tf.concat (a buffer of keras_dist's own, reduced in place) and split again
+                       hosts with PyTorch) inside tf.function, t made by the step and read by
+                       nothing else (as a gradient is): reduced in its own memory (TF forwards it)
+  * tfos gloo grads    the DistributedOptimizer path (mean): 4 such tensors of size/4, each reduced
+                       in its own memory, all issued in one call to Gloo
+  * tfos gloo kept     allreduce(t) of a t the caller keeps: the result is a copy (chunked, each
+                       chunk's all-reduce started while the next is copied)
   * tfos gloo fp16     tfos.keras_dist.allreduce(t, compression='fp16'): half the bytes
   * tfos gloo bf16     the same with compression='bf16' (Gloo sums bfloat16 faster than float16)
   * tfos tf            tfos.keras_dist.allreduce with implementation='tf' (TF collective ops)
@@ -48,7 +50,7 @@ def human(n: int) -> str:
 
 
 def iterations(size: int) -> int:
-    return max(3, min(200, (256 << 20) // max(size, 1) // 4))
+    return max(8, min(200, (1 << 30) // max(size, 1)))
 
 
 def tf_process_env() -> dict:
@@ -70,15 +72,19 @@ def free_ports(n):
 
 
 # ------------------------------------------------------------------ workers
-def timed(fn, size: int) -> float:
-    """Seconds per call of fn (after 2 warm-up calls)."""
+def timed(fn, size: int, rounds: int = 3) -> float:
+    """Seconds per call of fn: the median of ``rounds`` rounds of :func:`iterations` calls, after 2
+    warm-up calls."""
     fn()
     fn()
     n = iterations(size)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        per_call.append((time.perf_counter() - t0) / n)
+    return sorted(per_call)[len(per_call) // 2]
 
 
 def worker_torch(rank: int, ports, sizes) -> dict:
@@ -127,24 +133,74 @@ def worker_tf(mode: str, rank: int, ports, sizes, pack: int) -> dict:
         keras_dist.init_collectives(implementation="tf" if mode == "keras_dist_tf" else "gloo")
         compression = mode.rsplit("_", 1)[1] if mode.endswith(("fp16", "bf16")) else None
 
-        if mode == "gloo_grads":
-            def make_input(size):
-                return [tf.ones([size // 16], tf.float32) * (i + 1) for i in range(4)]
+        # A step's gradients are tensors the step made and nothing else reads: made here in the
+        # step (tf.raw_ops.Empty: the memory, no work), as in worker_gloo_alternating.
+        def make_input(size):
+            return tf.constant(size // 4)
 
-            @tf.function
-            def reduce(ts):
-                return keras_dist._all_reduce_list(ts, average=True)
-        else:
-            def make_input(size):
-                return tf.ones([size // 4], tf.float32)
-
-            @tf.function
-            def reduce(t):
-                return keras_dist.allreduce(t, average=False, compression=compression)
+        @tf.function
+        def reduce(n):  # a tensor the step made (the compression cast is one anyway)
+            return keras_dist.allreduce(tf.raw_ops.Empty(shape=[n], dtype=tf.float32), average=False,
+                                        compression=compression)
 
     for size in sizes:
         t = make_input(size)
         out[size] = timed(lambda: reduce(t), size)  # eager call: returns once the result is computed
+    return out
+
+
+def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5) -> dict:
+    """The torch reference and tfos's Gloo variants in the same two processes, on the same Gloo
+    connections (keras_dist's group), alternating round by round so that the machine's drift
+    hits all alike; per variant the median round."""
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                          "task": {"type": "worker", "index": rank}})
+    import tensorflow as tf
+    import torch
+
+    sys.path.insert(0, ROOT)
+    from tfos import keras_dist
+    from tfos.tf.workers import _state
+
+    keras_dist.init_collectives(implementation="gloo")
+    pg = _state.gloo.pg
+
+    def variants(size):
+        n = size // 4  # static shapes, as a model's gradients have
+
+        @tf.function
+        def fresh():  # a tensor the step made and nothing else reads, as a gradient
+            return keras_dist.allreduce(tf.raw_ops.Empty(shape=[n], dtype=tf.float32), average=False)
+
+        @tf.function
+        def grads():  # 4 of them, mean: the DistributedOptimizer path
+            return keras_dist._all_reduce_list([tf.raw_ops.Empty(shape=[n // 4], dtype=tf.float32)
+                                                for _ in range(4)])
+
+        @tf.function
+        def kept(t):  # the caller keeps t: the result is a copy
+            return keras_dist.allreduce(t, average=False)
+
+        ref, t = torch.ones(n), tf.ones([n], tf.float32)
+        return {"torch Gloo (ref)": lambda: pg.allreduce([ref]).wait(), "tfos gloo": fresh,
+                "tfos gloo grads": grads, "tfos gloo kept": lambda: kept(t)}
+
+    out = {}
+    for size in sizes:
+        fns = variants(size)
+        for fn in fns.values():
+            fn()
+            fn()
+        n = iterations(size)
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / n)
+        for name, ts in times.items():
+            out.setdefault(name, {})[size] = sorted(ts)[len(ts) // 2]
     return out
 
 
@@ -181,7 +237,10 @@ def run_ranks(mode: str, sizes, ranks: int = 2, pack: int = 0, timeout: float = 
                 p.kill()
     for line in outs[0].decode().splitlines():
         if line.startswith("RESULT "):
-            return {int(k): v for k, v in json.loads(line[7:]).items()}
+            res = json.loads(line[7:])
+            if mode == "alternating":
+                return {name: {int(k): v for k, v in r.items()} for name, r in res.items()}
+            return {int(k): v for k, v in res.items()}
     raise RuntimeError(f"{mode} workers produced no result")
 
 
@@ -253,6 +312,8 @@ def main(argv=None):
     if args.worker:
         if args.worker == "horovod":
             res = worker_hvd(sizes)
+        elif args.worker == "alternating":
+            res = worker_gloo_alternating(args.rank, [int(x) for x in args.ports.split(",")], sizes)
         elif args.worker == "torch":
             res = worker_torch(args.rank, [int(x) for x in args.ports.split(",")], sizes)
         else:
@@ -264,13 +325,15 @@ def main(argv=None):
     skip = {x.strip() for x in args.skip.split(",") if x.strip()}
     print(f"all-reduce benchmark: ranks {args.ranks} on loopback, float32 SUM, {os.cpu_count()} cores, "
           f"TF process environment {tf_process_env()}")
-    columns = [("torch Gloo (ref)", "torch"), ("tfos gloo", "keras_dist_gloo"), ("tfos gloo grads", "gloo_grads"),
-               ("tfos gloo fp16", "keras_dist_gloo_fp16"), ("tfos gloo bf16", "keras_dist_gloo_bf16"),
+    # the reference and tfos's fp32 Gloo paths: alternating in one pair of processes (see
+    # worker_gloo_alternating); the other columns each in processes of their own
+    columns = [("tfos gloo fp16", "keras_dist_gloo_fp16"), ("tfos gloo bf16", "keras_dist_gloo_bf16"),
                ("tfos tf", "keras_dist_tf"), ("MWMS RING", "mwms")]
     for ranks in [int(r) for r in args.ranks.split(",")]:
         results = {}
         if ranks == 2 and "socket copy" not in skip:
             results["socket copy"] = socket_copy(sizes)
+        results.update(run_ranks("alternating", sizes, ranks))
         for name, mode in columns:
             if name not in skip:
                 results[name] = run_ranks(mode, sizes, ranks)
@@ -298,7 +361,7 @@ def print_table(ranks: int, sizes, results) -> None:
     print(f"ratios, {ranks} ranks (>1: faster than the reference)")
     for size in sizes:
         parts = []
-        for name in ("tfos gloo", "tfos gloo grads", "tfos gloo fp16", "tfos gloo bf16"):
+        for name in ("tfos gloo", "tfos gloo grads", "tfos gloo kept", "tfos gloo fp16", "tfos gloo bf16"):
             if name in results:
                 if ref:
                     parts.append(f"{name}/torch {ref[size] / results[name][size]:.2f}")

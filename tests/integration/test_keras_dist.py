@@ -72,6 +72,22 @@ def _primitives(opts) -> int:
     big = np.arange(5_000_000, dtype="float32") * (rank + 1)  # > gloo.CHUNK_BYTES: copied in chunks
     out["big_ok"] = bool(np.array_equal(keras_dist.allreduce(big, average=False).numpy(), big / (rank + 1) * 3))
     out["big_unchanged"] = bool(np.array_equal(big, np.arange(5_000_000, dtype="float32") * (rank + 1)))
+    # In a tf.function: a variable's value and an argument the caller keeps must stay as they are;
+    # tensors the step made (reduced where they lie with Gloo) come out right, big and small mixed.
+    kept_v = tf.Variable(np.full((300_000,), rank + 1.0, "float32"))  # 1.2 MB: reduced on its own
+    kept_t = tf.constant(np.full((300_000,), rank + 1.0, "float32"))
+
+    @tf.function
+    def in_step(v, t, scale):
+        made = [tf.fill([400_000], scale * (rank + 1.0)), tf.fill([5], scale * (rank + 1.0)),
+                tf.fill([2, 3], tf.cast(scale, tf.float16) * (rank + 1))]
+        reduced = keras_dist._all_reduce_list([v.value(), t] + made, average=True)
+        return [tf.reduce_sum(r) for r in reduced]
+
+    sums = [float(x) for x in in_step(kept_v, kept_t, tf.constant(2.0))]
+    out["in_step"] = sums == [450_000.0, 450_000.0, 1_200_000.0, 15.0, 18.0]
+    out["in_step_sums"] = sums
+    out["in_step_unchanged"] = bool(np.all(kept_v.numpy() == rank + 1.0) and np.all(kept_t.numpy() == rank + 1.0))
     out["bf16"] = keras_dist.allreduce(tf.constant([rank + 1.0], tf.bfloat16)).numpy().astype("float32").tolist()
     out["compressed"] = [keras_dist.allreduce(tf.constant([rank + 1.0, 1000.0]), compression=c).numpy().tolist()
                          for c in ("fp16", "bf16")]
@@ -298,7 +314,8 @@ needs_gloo = pytest.mark.skipif(not gloo.installed(), reason="PyTorch (tfos[gloo
 def test_primitives_two_workers(tmp_path, chief, method, implementation):
     """Exact values: mean/sum all-reduce, broadcast from rank 1 (3 dtypes), optimizer averaging in a
     traced tf.function called twice and eagerly, a 20 MB all-reduce (Gloo: copied in chunks; the
-    input stays unchanged), bfloat16. Cluster = 1 chief (rank 0) + 1 worker (rank 1); the chief's
+    input stays unchanged), in a tf.function a variable's value and a kept argument unchanged beside
+    tensors the step made (Gloo reduces those where they lie), bfloat16. Cluster = 1 chief (rank 0) + 1 worker (rank 1); the chief's
     job may have TF 1.x's name 'master' (``master_node='master'``). 'auto' is Gloo on this CPU host
     (PyTorch is installed), so that case runs the Gloo implementation."""
     results, wall, tmp = run_workers(extra_args=["--mode", "primitives", "--method", method,
@@ -308,6 +325,7 @@ def test_primitives_two_workers(tmp_path, chief, method, implementation):
     for r in results:
         assert r["implementation"] == ("tf" if implementation == "tf" else "gloo")
         assert r["big_ok"] and r["big_unchanged"] and r["bf16"] == [1.5]
+        assert r["in_step"] and r["in_step_unchanged"], r["in_step_sums"]
         assert r["compressed"] == [[1.5, 1000.0], [1.5, 1000.0]]
         assert r["mean"] == 1.5 and r["sum"] == [3, 20]
         assert r["bcast"] == [[[2.0] * 3] * 2, [6, 8], [3.0] * 4]

@@ -169,3 +169,34 @@ def test_keras3_models_are_not_taken_for_keras2():
     if not keras.__version__.startswith("3."):
         pytest.skip("Keras 3 only")
     assert not _is_keras2(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+
+
+class _T:
+    """What packs() reads of a tensor: its dtype and static shape."""
+
+    def __init__(self, dtype, n):
+        import tensorflow as tf
+
+        self.dtype, self.shape = tf.as_dtype(dtype), tf.TensorShape([n])
+
+
+@pytest.mark.parametrize("tensors, bytes_per_pack, alone, expected", [
+    # no limits: one pack per dtype, in first-appearance order
+    ([("float32", 10), ("int64", 3), ("float32", 5)], 0, 0, [[0, 2], [1]]),
+    # bytes_per_pack closes a pack before it would overflow
+    ([("float32", 256)] * 3, 2048, 0, [[0, 1], [2]]),
+    # alone: a 1 MiB float32 goes on its own (reduced in its own memory), the small ones packed around it
+    ([("float32", 10), ("float32", 1 << 18), ("float32", 7)], 0, 1 << 20, [[1], [0, 2]]),
+    # just under the threshold is packed
+    ([("float32", (1 << 18) - 1), ("float32", 1)], 0, 1 << 20, [[0, 1]]),
+    # every tensor big: no concat at all
+    ([("float32", 1 << 20), ("float32", 1 << 19)], 0, 1 << 20, [[0], [1]]),
+    # both limits together, per dtype
+    ([("float16", 600), ("float16", 600), ("float16", 1 << 20), ("float16", 600)], 2600, 1 << 20,
+     [[2], [0, 1], [3]]),
+])
+def test_packs_table(tensors, bytes_per_pack, alone, expected):
+    from tfos.tf.collectives import packs
+
+    got = packs([_T(d, n) for d, n in tensors], bytes_per_pack, alone_bytes=alone)
+    assert sorted(got) == sorted(expected)

@@ -8,6 +8,10 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 #: (PyTorch's torch.distributed, :mod:`tfos.tf.gloo`).
 IMPLEMENTATIONS = ("auto", "tf", "gloo")
 
+#: With Gloo, a tensor at least this big is all-reduced in its own memory (no packing copy, see
+#: :mod:`tfos.tf.gloo`); smaller ones are packed so that a step makes few collective calls.
+ALONE_BYTES = 1 << 20
+
 
 def choose_implementation(requested: str, communication: str, gloo_installed: bool, num_gpus: int) -> str:
     """Pure: ``'tf'`` or ``'gloo'`` for the ``implementation`` argument ``requested``.
@@ -27,21 +31,23 @@ def choose_implementation(requested: str, communication: str, gloo_installed: bo
     return "gloo" if gloo_installed and num_gpus == 0 and communication == "auto" else "tf"
 
 
-def packs(tensors, bytes_per_pack: int) -> list[list[int]]:
-    """Group the indices of ``tensors`` by dtype (first appearance order) and then by size."""
+def packs(tensors, bytes_per_pack: int, alone_bytes: int = 0) -> list[list[int]]:
+    """Group the indices of ``tensors`` by dtype (first appearance order) and then by size; with
+    ``alone_bytes``, a tensor at least that big is a pack of its own (reduced in its own memory,
+    with no packing copy) and only the smaller ones are packed."""
     groups = []
     by_dtype = {}
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
     for dtype, idx in by_dtype.items():
-        if not bytes_per_pack:
-            groups.append(idx)
-            continue
         cur, cur_bytes = [], 0
         for i in idx:
             n = tensors[i].shape.num_elements()
             nbytes = (n if n is not None else 0) * dtype.size
-            if cur and cur_bytes + nbytes > bytes_per_pack:
+            if alone_bytes and nbytes >= alone_bytes:
+                groups.append([i])
+                continue
+            if bytes_per_pack and cur and cur_bytes + nbytes > bytes_per_pack:
                 groups.append(cur)
                 cur, cur_bytes = [], 0
             cur.append(i)
@@ -51,26 +57,36 @@ def packs(tensors, bytes_per_pack: int) -> list[list[int]]:
     return groups
 
 
-def reduce_packed(tensors, packs, reduce_flat) -> list:
+def reduce_packed(tensors, packs, reduce_flats) -> list:
     """Reduce the dense ``tensors`` pack by pack, for every collective implementation: each pack
     (a list of indices into ``tensors``) becomes one 1-D tensor (a ``tf.concat`` when it holds
-    several), ``reduce_flat(flat, owned)`` reduces it (``owned``: the concat was made here and
-    nothing else reads it), and the result is split back into the tensors' shapes."""
+    several), ``reduce_flats(flats, owned)`` reduces them all (``owned[i]``: the concat was made
+    here and nothing else reads it), and the results are split back into the tensors' shapes."""
     import tensorflow as tf
 
+    # Dynamic shapes are read first, and the packing waits for them: a pending Shape op would still
+    # hold the tensor when the collective takes it, and TF would then copy instead of forwarding
+    # its buffer (see tfos.tf.gloo).
+    shapes = [t.shape if t.shape.is_fully_defined() else tf.shape(t) for t in tensors]
+    dynamic = [s for s in shapes if isinstance(s, tf.Tensor)]
+    flats, owned, sizes = [], [], []
+    with tf.control_dependencies(dynamic):
+        for pack in packs:
+            parts = [tensors[j] for j in pack]
+            if len(parts) == 1:
+                flats.append(tf.reshape(parts[0], [-1]))
+                owned.append(False)
+                sizes.append(None)
+            else:
+                n = [p.shape.num_elements() for p in parts]
+                sizes.append(tf.stack([tf.reduce_prod(shapes[j]) for j in pack]) if any(k is None for k in n) else n)
+                flats.append(tf.concat([tf.reshape(p, [-1]) for p in parts], axis=0))
+                owned.append(True)
     out = [None] * len(tensors)
-    for pack in packs:
-        parts = [tensors[j] for j in pack]
-        shapes = [p.shape if p.shape.is_fully_defined() else tf.shape(p) for p in parts]
-        if len(parts) == 1:
-            reduced = [reduce_flat(tf.reshape(parts[0], [-1]), False)]
-        else:
-            sizes = [p.shape.num_elements() for p in parts]
-            if any(n is None for n in sizes):
-                sizes = tf.stack([tf.size(p) for p in parts])
-            reduced = tf.split(reduce_flat(tf.concat([tf.reshape(p, [-1]) for p in parts], axis=0), True), sizes)
-        for j, r, shape in zip(pack, reduced, shapes):
-            out[j] = tf.reshape(r, shape)
+    for pack, reduced, size in zip(packs, reduce_flats(flats, owned), sizes):
+        pieces = [reduced] if size is None else tf.split(reduced, size)
+        for j, r in zip(pack, pieces):
+            out[j] = tf.reshape(r, shapes[j])
     return out
 
 

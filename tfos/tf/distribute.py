@@ -78,11 +78,11 @@ def allreduce_gradients(grads, compression: str | None = None):
         return list(grads)
     n = ctx.num_replicas_in_sync
     if _gloo is not None and n == _gloo.size:  # one replica per worker (CPU hosts)
-        from tfos.tf.collectives import packs, reduce_packed
+        from tfos.tf.collectives import ALONE_BYTES, packs, reduce_packed
 
         dense = [g for _, g in present]
-        reduced = reduce_packed(dense, packs(dense, 0),
-                                lambda flat, owned: _gloo.reduce_flat(flat, owned, False, compression))
+        reduced = reduce_packed(dense, packs(dense, 0, alone_bytes=ALONE_BYTES),
+                                lambda flats, owned: _gloo.reduce_flats(flats, owned, False, compression))
         out = list(grads)
         for (i, _), r in zip(present, reduced):
             out[i] = r

@@ -7,9 +7,16 @@ ships a maintained Gloo; this module hands TF tensors to it without copying them
 * a ``tf.py_function`` receives the tensor as an EagerTensor whose ``_numpy()`` is a writable
   view of TF's buffer, and ``torch.from_numpy`` views the same memory, so Gloo reduces TF's
   buffer in place and the op returns that very tensor;
-* only a buffer that the caller owns (a ``tf.concat`` or ``tf.cast`` made for this collective)
-  is reduced in place; any other tensor is first copied into a fresh tensor, in chunks of
-  ``CHUNK_BYTES`` whose all-reduces start while the next chunk is being copied.
+* in a ``tf.function`` the tensor first passes through TF's ``Snapshot`` op, which hands on the
+  tensor's own buffer when nothing else will read it (TF's buffer forwarding: a gradient that
+  only the all-reduce consumes) and copies it otherwise (a variable's value, a function
+  argument the caller keeps), so a gradient is reduced in the memory back-propagation wrote it
+  to, with no copy, and nothing TF may still read is ever written;
+* eagerly (the caller holds the tensor) the tensor is copied into a fresh one, in chunks of
+  ``CHUNK_BYTES`` whose all-reduces start while the next chunk is being copied;
+* the tensors of one step go to Gloo in one call (:meth:`Group.all_reduce_many`): every
+  collective is issued before the first is waited for; a mean is one in-place scaling pass
+  after the last.
 
 Gloo's TCP connections, like TF's gRPC and Horovod's, are not authenticated by tfos; its
 rendezvous is a ``torch.distributed.TCPStore`` on rank 0. A peer that dies breaks the TCP
@@ -79,13 +86,25 @@ class Group:
         logger.info("Gloo group: rank %d of %d on %s (store %s:%s)", rank, size, host, store_host, store_port)
 
     def reduce_flat(self, flat, owned: bool, average: bool, compression):
-        """:meth:`all_reduce` of the 1-D ``flat`` with ``compression`` (see
-        :mod:`tfos.tf.compression`); the compression cast is a buffer of our own."""
+        """:meth:`reduce_flats` of one tensor."""
+        return self.reduce_flats([flat], [owned], average, compression)[0]
+
+    def reduce_flats(self, flats, owned, average: bool, compression):
+        """:meth:`all_reduce_many` of the 1-D ``flats`` with ``compression`` (see
+        :mod:`tfos.tf.compression`); a compression cast is a buffer of our own."""
         from tfos.tf import compression as _compression
 
-        x, compressed = _compression.compress(flat, compression, self.size)
-        y = self.all_reduce(x, owned=owned or compressed, average=average and not compressed)
-        return _compression.decompress(y, flat.dtype, self.size, average) if compressed else y
+        wire = [_compression.compress(f, compression, self.size) for f in flats]
+        # a compressed tensor is pre-divided (compress), so its all-reduce sums; the others average
+        plain = [i for i, (_, c) in enumerate(wire) if not c]
+        squeezed = [i for i, (_, c) in enumerate(wire) if c]
+        out = [None] * len(flats)
+        for idx, avg in ((plain, average), (squeezed, False)):
+            if idx:
+                ys = self.all_reduce_many([wire[i][0] for i in idx], [owned[i] or wire[i][1] for i in idx], avg)
+                for i, y in zip(idx, ys):
+                    out[i] = _compression.decompress(y, flats[i].dtype, self.size, average) if wire[i][1] else y
+        return out
 
     def _wait(self, works, what: str) -> None:
         try:
@@ -97,45 +116,71 @@ class Group:
                 f"the timeout is {self.timeout_seconds:g} s ({self.timeout_setting})") from e
 
     def all_reduce(self, flat, owned: bool, average: bool):
-        """Sum (or mean, if ``average``) the 1-D tensor ``flat`` over the group's ranks. Works eagerly
-        and inside ``tf.function``; ``flat`` is reduced in place when ``owned`` (its buffer is not
-        read by anything else), otherwise into a fresh tensor."""
+        """:meth:`all_reduce_many` of one tensor."""
+        return self.all_reduce_many([flat], [owned], average)[0]
+
+    def all_reduce_many(self, flats, owned, average: bool):
+        """Sum (or mean, if ``average``) each 1-D tensor of ``flats`` over the group's ranks, in one
+        call to Gloo. Works eagerly and inside ``tf.function``. ``owned[i]``: nothing but this
+        call reads ``flats[i]`` (a pack or cast made for it), so it is reduced in place; any other
+        tensor is reduced in its own buffer when TF forwards it (see the module's notes) and
+        otherwise in a copy."""
         import tensorflow as tf
 
-        dtype = flat.dtype
-        if dtype.name not in SUMMABLE:
-            if not dtype.is_floating:
-                raise TypeError(f"Gloo all-reduce cannot sum {dtype.name} tensors")
-            wide = self.all_reduce(tf.cast(flat, tf.float32), owned=True, average=average)
-            return tf.cast(wide, dtype)
-        y = tf.py_function(lambda x: self._all_reduce_eager(x, owned, average), [flat], dtype)
-        y.set_shape(flat.shape)
-        return y
+        graph = not tf.executing_eagerly()
+        xs, owns, casts = [], [], []
+        for flat, own in zip(flats, owned):
+            dtype = flat.dtype
+            if dtype.name not in SUMMABLE:
+                if not dtype.is_floating:
+                    raise TypeError(f"Gloo all-reduce cannot sum {dtype.name} tensors")
+                flat, own = tf.cast(flat, tf.float32), True  # summed as float32, cast back below
+            elif not own and graph:
+                flat, own = tf.raw_ops.Snapshot(input=flat), True  # its own buffer if TF forwards it, else a copy
+            xs.append(flat)
+            owns.append(own)
+            casts.append(dtype)
+        if not xs:
+            return []
+        ys = tf.py_function(lambda *ts: self._all_reduce_eager(ts, owns, average), xs, [x.dtype for x in xs])
+        out = []
+        for x, y, dtype in zip(xs, ys, casts):
+            y.set_shape(x.shape)
+            out.append(y if y.dtype == dtype else tf.cast(y, dtype))
+        return out
 
-    def _all_reduce_eager(self, x, owned: bool, average: bool):
+    def _all_reduce_eager(self, xs, owned, average: bool):
         import numpy as np
         import tensorflow as tf
 
-        src = x._numpy()  # a writable view of TF's buffer (public .numpy() copies)
-        if owned:
-            out, dst = x, src
-            works = [self.pg.allreduce([_torch_view(dst)])] if dst.size else []
-        else:
-            out = tf.raw_ops.Empty(shape=tf.shape(x), dtype=x.dtype)
-            dst = out._numpy()
-            view = _torch_view(dst)
-            step = max(1, CHUNK_BYTES // max(1, dst.itemsize))
-            works = []
-            for i in range(0, dst.size, step):
-                np.copyto(dst[i:i + step], src[i:i + step])
-                works.append(self.pg.allreduce([view[i:i + step]]))
-        self._wait(works, "all-reduce")
-        if average and self.size > 1:
-            if x.dtype.is_floating:
-                np.divide(dst, self.size, out=dst)
+        outs, dsts, works = [], [], []
+        for x, own in zip(xs, owned):
+            src = x._numpy()  # a writable view of TF's buffer (public .numpy() copies)
+            if own:
+                out, dst = x, src
+                ws = [self.pg.allreduce([_torch_view(dst)])] if dst.size else []
             else:
-                np.floor_divide(dst, self.size, out=dst)
-        return out
+                out = tf.raw_ops.Empty(shape=tf.shape(x), dtype=x.dtype)
+                dst = out._numpy()
+                view = _torch_view(dst)
+                step = max(1, CHUNK_BYTES // max(1, dst.itemsize))
+                ws = []
+                for i in range(0, dst.size, step):
+                    np.copyto(dst[i:i + step], src[i:i + step])
+                    ws.append(self.pg.allreduce([view[i:i + step]]))
+            outs.append(out)
+            dsts.append(dst)
+            works.append(ws)
+        self._wait([w for ws in works for w in ws], "all-reduce")
+        # averaged once every collective is done: scaling one result while the next travel competes
+        # with Gloo for the cores and measured slower (bench/README, all-reduce)
+        for x, dst in zip(xs, dsts):
+            if average and self.size > 1 and dst.size:
+                if x.dtype.is_floating:
+                    np.multiply(dst, dst.dtype.type(1.0 / self.size), out=dst)
+                else:
+                    np.floor_divide(dst, self.size, out=dst)
+        return outs
 
     def broadcast(self, flat, root_rank: int):
         """``flat`` (a 1-D tensor, the same shape and dtype on every rank) as it is on ``root_rank``."""

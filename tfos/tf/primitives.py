@@ -95,13 +95,17 @@ def _all_reduce_list(tensors, average=True, compression=None, bytes_per_pack=0, 
     present = [i for i, t in enumerate(tensors) if t is not None]
     # IndexedSlices (e.g. Embedding gradients) are reduced as dense tensors
     dense = [tf.convert_to_tensor(tensors[i]) for i in present]
-    if _state.gloo is not None:
-        def reduce_flat(flat, owned):
-            return _state.gloo.reduce_flat(flat, owned, average, compression)
+    if _state.gloo is not None:  # one call to Gloo; big tensors in their own memory, small ones packed
+        def reduce_flats(flats, owned):
+            return _state.gloo.reduce_flats(flats, owned, average, compression)
+
+        groups = collectives.packs(dense, bytes_per_pack, alone_bytes=collectives.ALONE_BYTES)
     else:
-        def reduce_flat(flat, owned):
-            return _all_reduce_flat(flat, average, device, compression)
-    for i, r in zip(present, collectives.reduce_packed(dense, collectives.packs(dense, bytes_per_pack), reduce_flat)):
+        def reduce_flats(flats, owned):
+            return [_all_reduce_flat(f, average, device, compression) for f in flats]
+
+        groups = collectives.packs(dense, bytes_per_pack)
+    for i, r in zip(present, collectives.reduce_packed(dense, groups, reduce_flats)):
         out[i] = r
     return out
 

@@ -171,6 +171,8 @@ def _worker_main(argv) -> None:
     code = 1
     try:
         code = _worker(opts)
+        if code == 0:
+            _exit_barrier(opts.out)
     except BaseException:
         import traceback
 
@@ -179,6 +181,19 @@ def _worker_main(argv) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)  # TF's threads must not keep a finished worker alive
+
+
+def _exit_barrier(out: str, timeout: float = 60.0) -> None:
+    """Wait until every worker finished its part (a marker file each, next to the results) before
+    this one exits: TF's collectives pull buffers from the peers, so a rank whose last all-reduce
+    is done may still be serving a peer's last pull ("Socket closed" when it exits first)."""
+    open(out + ".done", "w").close()
+    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+    n = sum(len(v) for v in cluster.values())
+    folder = os.path.dirname(out)
+    deadline = time.time() + timeout
+    while time.time() < deadline and len([f for f in os.listdir(folder) if f.endswith(".json.done")]) < n:
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------ driver

@@ -163,7 +163,7 @@ def test_whole_host_killed_mid_training(mh_sc, hosts, record_property):
         t0 = time.monotonic()
         assert hosts.kill_host(host) > 0
         err, secs = _surfaced(cluster, t0)
-        _check_error(err, secs, cluster, node, "lost contact with the node agent|reservation job failed|executor",
+        _check_error(err, secs, cluster, node, "lost the node agent|lost contact with the node agent|reservation job failed|executor",
                      record_property)
         _shutdown_raises(cluster)
     finally:
@@ -188,7 +188,7 @@ def test_agent_killed_takes_the_tf_process_and_all_its_descendants(mh_sc, hosts,
                                         for p in tree), 15, 0.1), [p for p in tree if psutil.pid_exists(p)]
         record_property("seconds_to_no_descendant", round(time.monotonic() - t0, 1))
         err, secs = _surfaced(cluster, t0)
-        _check_error(err, secs, cluster, node, "lost contact with the node agent|exited", record_property)
+        _check_error(err, secs, cluster, node, "lost the node agent|lost contact with the node agent|exited", record_property)
         _shutdown_raises(cluster)
     finally:
         _cleanup(cluster)
@@ -231,7 +231,7 @@ def test_executor_lost_with_task_retries_never_runs_a_second_copy(mh_sc, hosts, 
         for pid in executors:
             psutil.Process(pid).kill()
         err, secs = _surfaced(cluster, t0)
-        _check_error(err, secs, cluster, node, "lost contact with the node agent|executor JVM|exited|a second time",
+        _check_error(err, secs, cluster, node, "lost the node agent|lost contact with the node agent|executor JVM|exited|a second time",
                      record_property)
         _shutdown_raises(cluster)
         # whatever Spark retried, each node's registration is still its first copy

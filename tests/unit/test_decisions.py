@@ -447,3 +447,26 @@ def test_locality_slack_lets_a_node_run_ahead_until_the_last_partitions(assigned
     from tfos.feed.driver.scheduler import locality_slack
 
     assert locality_slack(assigned, started, partitions, live) == expected
+
+
+@pytest.mark.parametrize("now, last, disconnected, expected", [
+    (10.0, 9.5, None, None),                 # heartbeating
+    (20.0, 9.0, None, "no heartbeat for 10s"),  # silent past heartbeat_timeout: lost
+    (10.0, 9.0, 9.5, None),                  # connection closed 0.5 s ago: within the grace
+    (12.5, 9.0, 9.5, "connection to the driver closed"),  # closed 3 s ago, no heartbeat since: lost
+    (12.5, 11.0, 9.5, None),                 # closed, then a heartbeat on a new connection: alive
+    (12.5, 9.5, 9.5, "connection to the driver closed"),  # closed right after its last heartbeat
+])
+def test_agent_lost_table(now, last, disconnected, expected):
+    from tfos.cluster.driver.lifecycle import agent_lost
+
+    why = agent_lost(now, last, disconnected, timeout=10.0, grace=2.5)
+    assert why is None if expected is None else expected in why
+
+
+@pytest.mark.parametrize("interval, timeout, expected", [
+    (1.0, 60.0, 2.5), (0.2, 60.0, 2.0), (4.0, 60.0, 10.0), (4.0, 6.0, 6.0)])
+def test_disconnect_grace_table(interval, timeout, expected):
+    from tfos.cluster.driver.lifecycle import disconnect_grace
+
+    assert disconnect_grace(interval, timeout) == expected

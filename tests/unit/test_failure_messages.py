@@ -30,6 +30,9 @@ YARN_PMEM = ("Container killed by YARN for exceeding physical memory limits. 2.4
     ("lost contact with the node agent", [_removed("3", "h2", "OOMKilled")], ["executor 3 on h2", "memoryOverhead"]),
     ("lost contact with the node agent", [_removed("2", "h1", YARN_PMEM, t=10.0)], []),  # before this attempt
     ("lost contact with the node agent", [], []),
+    # the agent's heartbeat connection closed with its container: YARN's reason explains it
+    ("lost the node agent: its connection to the driver closed and it did not come back within 2s",
+     [_removed("2", "h1", YARN_PMEM)], ["executor 2 on h1", "raise spark.executor.memoryOverhead"]),
 ])
 def test_an_executor_loss_explains_a_node_failure(reason, removed, expect):
     from tfos.cluster.driver.lifecycle import explain_executor_loss

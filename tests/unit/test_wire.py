@@ -302,3 +302,50 @@ def test_end_feed_to_a_silent_node_times_out_naming_the_setting(silent_peer):
     port, secret = silent_peer
     with pytest.raises(TFOSTimeoutError, match="raise feed_timeout"):
         end_feed("127.0.0.1", port, secret, 1, "f1", "input", 10, timeout=1.0, while_waiting=lambda: None)
+
+
+def test_an_agent_whose_heartbeat_connection_closes_is_lost_after_the_grace_not_the_timeout(control):
+    """The agent holds one connection for its heartbeats: its end, with no heartbeat after it, is
+    the agent's (process or host gone), judged in seconds rather than at heartbeat_timeout."""
+    import time
+
+    state, secret, server = control
+    for node in (0, 1):
+        _client(server, secret, node=node).agent_started("h", 100 + node, 200 + node, "/log")
+    beats = [_client(server, secret, node=node) for node in (0, 1)]
+    for b in beats:
+        b.keep_connection()
+        assert [b.heartbeat_reply().stop for _ in range(3)] == [False] * 3  # one connection, kept
+    beats[1].close()  # node 1's agent dies
+    with pytest.raises(RequestRefused):  # another attempt's heartbeat: refused, and its connection's end is no one's
+        _client(server, secret, node=0, cluster="cid-old").heartbeat()
+    deadline = time.monotonic() + 5
+    while state.nodes[1].disconnected_at is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    state.check_heartbeats(60.0, grace=0.2)
+    assert state.failures == []  # within the grace: it may still come back
+    time.sleep(0.3)
+    beats[0].heartbeat_reply()
+    state.check_heartbeats(60.0, grace=0.2)
+    assert [f.node_index for f in state.failures] == [1]
+    assert "connection to the driver closed" in state.failures[0].reason
+    beats[0].close()
+
+
+def test_an_agent_that_reconnects_within_the_grace_is_not_lost(control):
+    import time
+
+    state, secret, server = control
+    _client(server, secret, node=1).agent_started("h", 101, 201, "/log")
+    beat = _client(server, secret, node=1)
+    beat.keep_connection()
+    beat.heartbeat_reply()
+    beat.close()
+    deadline = time.monotonic() + 5
+    while state.nodes[1].disconnected_at is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    beat.heartbeat_reply()  # a new connection
+    time.sleep(0.3)
+    state.check_heartbeats(60.0, grace=0.2)
+    assert state.failures == []
+    beat.close()

@@ -31,6 +31,7 @@ class DriverClient:
         self.cluster_id = cluster_id
         self.node_index = node_index
         self._ch: Channel | None = None
+        self._keep = False  # keep_connection(): one connection, reopened after a failure
 
     @classmethod
     def for_node(cls, cfg: M.NodeConfig) -> "DriverClient":
@@ -54,7 +55,32 @@ class DriverClient:
             self._ch.close()
             self._ch = None
 
+    def keep_connection(self) -> None:
+        """Send this client's requests over one connection from now on, reopened on the next request
+        after a failure, until :meth:`close`. The node agent's heartbeats go this way: the driver
+        takes the connection's end, with no heartbeat after it, as the end of the agent."""
+        self._keep = True
+
+    def close(self) -> None:
+        ch, self._ch = self._ch, None
+        if ch is not None:
+            ch.close()
+
     def _request(self, msg, timeout: float = 10.0, setting: str = ""):
+        if self._keep:
+            if self._ch is None:
+                self._ch = Channel.connect(self.host, self.port, self.secret, timeout=min(timeout, 30.0),
+                                           what="tfos driver", setting=setting, unreachable_hint=UNREACHABLE_DRIVER)
+            self._ch.settimeout(timeout)
+            try:
+                return self._ch.request(msg)
+            except socket.timeout:
+                self.close()  # the reply may still come: this connection's framing is no longer known
+                raise TFOSTimeoutError(f"no answer from the tfos driver at {self.host}:{self.port} within "
+                                       f"{timeout:.0f}s") from None
+            except BaseException:
+                self.close()
+                raise
         if self._ch is not None:
             return self._ch.request(msg)
         with Channel.connect(self.host, self.port, self.secret, timeout=min(timeout, 30.0), what="tfos driver",

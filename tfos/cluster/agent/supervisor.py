@@ -113,6 +113,8 @@ class NodeAgent:
     def __init__(self, cfg: M.NodeConfig):
         self.cfg = cfg
         self.driver = DriverClient.for_node(cfg)
+        self.beats = DriverClient.for_node(cfg)  # heartbeats only, on one connection held until the agent ends
+        self.beats.keep_connection()
         self.stop_event = threading.Event()
         self.proc: subprocess.Popen | None = None  # the reaper, parent of the TF process
         self.log_path = node_log_path(kept_logs_dir(cfg.cluster.cluster_id) if "LOG_DIRS" not in os.environ else "",
@@ -165,6 +167,7 @@ class NodeAgent:
         peak_rss_mb = processes.children_peak_rss_mb()  # the TF process's: the reaper waited for it
         logger.info("TF process of node %d exited with code %s (%s)", cfg.node_index, code, why or "finished")
         self.report_exit(code, why == "driver", "" if why in ("", "driver") else why, peak_rss_mb)
+        self.beats.close()  # after the exit report: the driver never reads this end as the agent's loss
         if code == 0 or why == "driver":  # a failed node keeps its directory (logs) for debugging
             logging.shutdown()
             private.remove_tree(cfg.node_dir)
@@ -193,7 +196,7 @@ class NodeAgent:
                 logger.error("executor JVM %d is gone; stopping the TF process", jvm)
                 return f"the executor JVM (pid {jvm}) is gone"
             try:
-                reply = self.driver.heartbeat_reply(timeout=5.0)
+                reply = self.beats.heartbeat_reply(timeout=5.0)
                 last_contact = time.monotonic()
                 if reply.stop:
                     logger.info("driver asked node %d to stop", self.cfg.node_index)

@@ -154,7 +154,7 @@ MEMORY_HINT = ("The node's TF process is a child of the Spark executor, so its m
 
 def looks_like_executor_loss(reason: str) -> bool:
     """Pure: a node failure that the loss of its Spark executor may explain."""
-    return any(k in reason for k in ("executor JVM", "lost contact", "killed by signal"))
+    return any(k in reason for k in ("executor JVM", "lost contact", "lost the node agent", "killed by signal"))
 
 
 def explain_executor_loss(host: str, reason: str, removed, since: float) -> str:
@@ -213,3 +213,28 @@ def shows_progress(before: dict, values: dict) -> bool:
     """Pure: a report whose ``values`` show progress over the node's last ones: a step, a loss, rows
     read... anything but the clock and the time spent waiting for data changed."""
     return any(before.get(k, object()) != v for k, v in values.items() if k not in NOT_PROGRESS)
+
+
+def disconnect_grace(heartbeat_interval: float, heartbeat_timeout: float) -> float:
+    """Pure: how long an agent whose heartbeat connection closed may take to come back before its
+    node counts as lost: a few heartbeats (an agent reconnects on its next one), never longer than
+    ``heartbeat_timeout``."""
+    return min(heartbeat_timeout, max(2.0, 2.5 * heartbeat_interval))
+
+
+def agent_lost(now: float, last_heartbeat: float, disconnected_at: float | None, timeout: float,
+               grace: float) -> str | None:
+    """Pure: why a running node's agent counts as lost at ``now``, or None.
+
+    Silence alone takes ``timeout`` (``heartbeat_timeout``: a host that vanished from the network,
+    or a stalled agent). An agent keeps one connection for its heartbeats, so a connection that
+    closed (``disconnected_at``) with no heartbeat since says its process died, or its host did:
+    the kernel closed the socket. That takes only ``grace``, the time a live agent needs to
+    reconnect, so that a restart need not wait ``heartbeat_timeout`` for a node that is gone."""
+    if disconnected_at is not None and disconnected_at >= last_heartbeat and now - disconnected_at > grace:
+        return (f"lost the node agent: its connection to the driver closed and it did not come back within "
+                f"{grace:.0f}s (its executor or host died)")
+    if now - last_heartbeat > timeout:
+        return (f"lost contact with the node agent (no heartbeat for {timeout:.0f}s; its executor may have "
+                "died). Raise heartbeat_timeout if executors are merely overloaded")
+    return None

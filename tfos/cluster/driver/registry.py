@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from tfos import topology
-from tfos.cluster.driver.lifecycle import exit_reason, shows_progress
+from tfos.cluster.driver.lifecycle import agent_lost, exit_reason, shows_progress
 from tfos.errors import NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
 from tfos.wire import messages as M
 
@@ -32,6 +32,7 @@ class NodeState:
     info: M.NodeInfo | None = None  # once the TF process registered
     agent: M.AgentStarted | None = None
     last_heartbeat: float = 0.0
+    disconnected_at: float | None = None  # when the agent's heartbeat connection closed (monotonic)
     exited: M.NodeExited | None = None
     stop: bool = False
     metrics: dict = field(default_factory=dict)
@@ -393,16 +394,27 @@ class NodeRegistry:
         return M.Ack()
 
     # -- liveness (monitor thread)
-    def check_heartbeats(self, timeout: float) -> None:
+    def check_heartbeats(self, timeout: float, grace: float | None = None) -> None:
+        """Fail every running node whose agent is lost (:func:`lifecycle.agent_lost`): silent for
+        ``timeout``, or its heartbeat connection closed ``grace`` ago with no heartbeat since."""
         now = time.monotonic()
         with self.cond:
             for i, n in self.nodes.items():
-                if n.agent and n.exited is None and now - n.last_heartbeat > timeout:
-                    self.fail(NodeFailure(i, n.job_name, n.task_index, self.host_of(i),
-                                          f"lost contact with the node agent (no heartbeat for {timeout:.0f}s; "
-                                          "its executor may have died). Raise heartbeat_timeout if executors "
-                                          "are merely overloaded"))
+                if not n.agent or n.exited is not None:
+                    continue
+                why = agent_lost(now, n.last_heartbeat, n.disconnected_at, timeout,
+                                 timeout if grace is None else grace)
+                if why:
+                    self.fail(NodeFailure(i, n.job_name, n.task_index, self.host_of(i), why))
                     n.exited = M.NodeExited(self.cluster_id, i, -1, "", "", "", False)
+
+    def on_agent_disconnected(self, cluster_id: str, node_index: int) -> None:
+        """The connection that carried node ``node_index``'s heartbeats closed (service.py)."""
+        with self.cond:
+            n = self.nodes.get(node_index) if cluster_id == self.cluster_id else None
+            if n is not None and n.agent and n.exited is None:
+                n.disconnected_at = time.monotonic()
+                self.cond.notify_all()
 
     def silent(self, quiet_for: float) -> list[int]:
         """Running nodes whose agent has not been heard from for ``quiet_for`` seconds: their

@@ -63,14 +63,22 @@ class ControlService:
             return M.ErrorReply(f"driver error: {e}")
 
     def _serve(self, ch: Channel) -> None:
-        while True:
-            try:
-                msg = ch.recv()
-            except ChannelClosed:
-                return
-            except ProtocolError as e:  # answered (by the listener), then closed: framing may be lost
-                raise ProtocolError(f"bad request: {e}") from None
-            ch.send(self.handle(msg))
+        agent = None  # (cluster id, node index) whose heartbeats this connection carried
+        try:
+            while True:
+                try:
+                    msg = ch.recv()
+                except ChannelClosed:
+                    return
+                except ProtocolError as e:  # answered (by the listener), then closed: framing may be lost
+                    raise ProtocolError(f"bad request: {e}") from None
+                reply = self.handle(msg)
+                if isinstance(msg, M.Heartbeat) and isinstance(reply, M.HeartbeatReply):
+                    agent = (msg.cluster_id, msg.node_index)
+                ch.send(reply)
+        finally:  # however it ended: an agent that does not come back soon is gone (lifecycle.agent_lost)
+            if agent is not None:
+                self.registry.on_agent_disconnected(*agent)
 
 
 def listen(registry: NodeRegistry, scheduler: FeedScheduler, secret: str, address) -> "ControlService":

@@ -20,7 +20,8 @@ import time
 from tfos import topology
 from tfos.cluster.driver import spark as S
 from tfos.cluster.driver import stall
-from tfos.cluster.driver.lifecycle import (Action, Lifecycle, NodeLoss, Phase, Restart, explain_executor_loss,
+from tfos.cluster.driver.lifecycle import (Action, Lifecycle, NodeLoss, Phase, Restart, disconnect_grace,
+                                          explain_executor_loss,
                                           failure_policy, first_cause_first)
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
@@ -205,7 +206,9 @@ class Supervisor:
                        self.cluster_id, ", ".join(f"node {f.node_index} on {f.host}: {f.reason}" for f in failures),
                        attempt + 1, self.max_restarts)
         reg.abort("the cluster is restarting after a node failure")
+        t_stop = time.monotonic()
         self.stop_nodes(range(len(self.roles)))
+        t_stopped = time.monotonic()
         # every node that failed by itself, not only the first one the driver heard of
         failures += [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own()]
         self.restarts += [Restart(now, attempt, f.node_index, f.job_name, f.task_index, f.host, f.reason)
@@ -223,6 +226,7 @@ class Supervisor:
         if not reg.new_attempt(self.config.cluster_id, unless=lambda: self.lifecycle.ended):
             raise self.lifecycle.error or TFOSError("the cluster ended while restarting")
         self.scheduler.new_attempt()
+        t_launch = time.monotonic()
         err = self._launch()
         if isinstance(err, NodeFailedError):  # the new attempt failed while starting: restart again, or stop
             self._handle_failures_locked()
@@ -230,7 +234,10 @@ class Supervisor:
         if err is not None:  # e.g. ReservationTimeoutError: Spark did not offer the slots again
             self.abort(err)
             raise self.lifecycle.error
-        logger.info("tfos cluster %s: attempt %d started: %s", self.cluster_id, attempt + 1,
+        t_end = time.monotonic()
+        logger.info("tfos cluster %s: attempt %d started in %.1fs (stopping the nodes %.1fs, cancel and "
+                    "teardown %.1fs, reservation to registered %.1fs): %s", self.cluster_id, attempt + 1,
+                    t_end - t_stop, t_stopped - t_stop, t_launch - t_stopped, t_end - t_launch,
                     json.dumps(self.cluster_spec))
 
     def _explained(self, failures: list) -> list:
@@ -266,7 +273,9 @@ class Supervisor:
     def _monitor_loop(self) -> None:
         interval = max(0.2, self.config.heartbeat_interval)
         while not self._closing.wait(interval):
-            self.registry.check_heartbeats(self.config.heartbeat_timeout)
+            c = self.config
+            self.registry.check_heartbeats(c.heartbeat_timeout, disconnect_grace(c.heartbeat_interval,
+                                                                                 c.heartbeat_timeout))
             self._maybe_restart_in_background()
             self._check_stall()
 

@@ -97,6 +97,19 @@ def _weighted(batch: pa.RecordBatch, weight: float) -> pa.RecordBatch:
                                       schema=schema)
 
 
+def _concatenate(parts):
+    """``np.concatenate(parts)`` into 64-byte-aligned memory, as the Arrow buffers are: TensorFlow
+    takes an aligned array as it is, and copies an unaligned one (a batch that spans two chunks)."""
+    if parts[0].dtype == object:
+        return np.concatenate(parts)
+    shape = (sum(len(p) for p in parts),) + parts[0].shape[1:]
+    nbytes = int(np.prod(shape)) * parts[0].dtype.itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    out = raw[start:start + nbytes].view(parts[0].dtype).reshape(shape)
+    return np.concatenate(parts, out=out)
+
+
 class DataFeed:
     """Read fed data in main_fun. Compatible with TensorFlowOnSpark's ``TFNode.DataFeed``.
 
@@ -329,7 +342,7 @@ class DataFeed:
         cols = []
         for j in range(schema.__len__()):
             parts = [arrow.column_to_numpy(s.column(j), schema.field(j)) for s in slices]
-            cols.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
+            cols.append(parts[0] if len(parts) == 1 else _concatenate(parts))
         return schema, cols
 
     def batches(self, batch_size: int):

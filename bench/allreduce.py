@@ -87,25 +87,6 @@ def timed(fn, size: int, rounds: int = 3) -> float:
     return sorted(per_call)[len(per_call) // 2]
 
 
-def worker_torch(rank: int, ports, sizes) -> dict:
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=300)
-    store = dist.TCPStore("127.0.0.1", ports[0], len(ports), is_master=rank == 0, timeout=timeout)
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    pg = dist.ProcessGroupGloo(store, rank, len(ports), opts)
-    out = {}
-    for size in sizes:
-        t = torch.ones(size // 4)
-        out[size] = timed(lambda: pg.allreduce([t]).wait(), size)
-    return out
-
-
 def worker_tf(mode: str, rank: int, ports, sizes, pack: int) -> dict:
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                           "task": {"type": "worker", "index": rank}})
@@ -314,8 +295,6 @@ def main(argv=None):
             res = worker_hvd(sizes)
         elif args.worker == "alternating":
             res = worker_gloo_alternating(args.rank, [int(x) for x in args.ports.split(",")], sizes)
-        elif args.worker == "torch":
-            res = worker_torch(args.rank, [int(x) for x in args.ports.split(",")], sizes)
         else:
             res = worker_tf(args.worker, args.rank, [int(x) for x in args.ports.split(",")], sizes, args.pack)
         if res and (args.rank == 0 or args.worker == "horovod"):

@@ -85,26 +85,17 @@ class Group:
                 f"{timeout_setting}") from e
         logger.info("Gloo group: rank %d of %d on %s (store %s:%s)", rank, size, host, store_host, store_port)
 
-    def reduce_flat(self, flat, owned: bool, average: bool, compression):
-        """:meth:`reduce_flats` of one tensor."""
-        return self.reduce_flats([flat], [owned], average, compression)[0]
-
     def reduce_flats(self, flats, owned, average: bool, compression):
         """:meth:`all_reduce_many` of the 1-D ``flats`` with ``compression`` (see
-        :mod:`tfos.tf.compression`); a compression cast is a buffer of our own."""
+        :mod:`tfos.tf.compression`); a compression cast is a buffer of our own, pre-divided, so its
+        all-reduce sums where the others average."""
         from tfos.tf import compression as _compression
 
         wire = [_compression.compress(f, compression, self.size) for f in flats]
-        # a compressed tensor is pre-divided (compress), so its all-reduce sums; the others average
-        plain = [i for i, (_, c) in enumerate(wire) if not c]
-        squeezed = [i for i, (_, c) in enumerate(wire) if c]
-        out = [None] * len(flats)
-        for idx, avg in ((plain, average), (squeezed, False)):
-            if idx:
-                ys = self.all_reduce_many([wire[i][0] for i in idx], [owned[i] or wire[i][1] for i in idx], avg)
-                for i, y in zip(idx, ys):
-                    out[i] = _compression.decompress(y, flats[i].dtype, self.size, average) if wire[i][1] else y
-        return out
+        ys = self.all_reduce_many([w for w, _ in wire], [own or c for own, (_, c) in zip(owned, wire)],
+                                  [average and not c for _, c in wire])
+        return [_compression.decompress(y, f.dtype, self.size, average) if c else y
+                for f, (_, c), y in zip(flats, wire, ys)]
 
     def _wait(self, works, what: str) -> None:
         try:
@@ -115,13 +106,9 @@ class Group:
                 f"Gloo {what} failed on rank {self.rank} of {self.size}: {e}. A peer died or stopped answering; "
                 f"the timeout is {self.timeout_seconds:g} s ({self.timeout_setting})") from e
 
-    def all_reduce(self, flat, owned: bool, average: bool):
-        """:meth:`all_reduce_many` of one tensor."""
-        return self.all_reduce_many([flat], [owned], average)[0]
-
-    def all_reduce_many(self, flats, owned, average: bool):
-        """Sum (or mean, if ``average``) each 1-D tensor of ``flats`` over the group's ranks, in one
-        call to Gloo. Works eagerly and inside ``tf.function``. ``owned[i]``: nothing but this
+    def all_reduce_many(self, flats, owned, average):
+        """Sum (or mean, where ``average[i]``) each 1-D tensor of ``flats`` over the group's ranks, in
+        one call to Gloo. Works eagerly and inside ``tf.function``. ``owned[i]``: nothing but this
         call reads ``flats[i]`` (a pack or cast made for it), so it is reduced in place; any other
         tensor is reduced in its own buffer when TF forwards it (see the module's notes) and
         otherwise in a copy."""
@@ -149,7 +136,7 @@ class Group:
             out.append(y if y.dtype == dtype else tf.cast(y, dtype))
         return out
 
-    def _all_reduce_eager(self, xs, owned, average: bool):
+    def _all_reduce_eager(self, xs, owned, average):
         import numpy as np
         import tensorflow as tf
 
@@ -174,8 +161,8 @@ class Group:
         self._wait([w for ws in works for w in ws], "all-reduce")
         # averaged once every collective is done: scaling one result while the next travel competes
         # with Gloo for the cores and measured slower (bench/README, all-reduce)
-        for x, dst in zip(xs, dsts):
-            if average and self.size > 1 and dst.size:
+        for x, dst, avg in zip(xs, dsts, average):
+            if avg and self.size > 1 and dst.size:
                 if x.dtype.is_floating:
                     np.multiply(dst, dst.dtype.type(1.0 / self.size), out=dst)
                 else:

@@ -67,31 +67,29 @@ class DriverClient:
             ch.close()
 
     def _request(self, msg, timeout: float = 10.0, setting: str = ""):
-        if self._keep:
-            if self._ch is None:
-                self._ch = Channel.connect(self.host, self.port, self.secret, timeout=min(timeout, 30.0),
-                                           what="tfos driver", setting=setting, unreachable_hint=UNREACHABLE_DRIVER)
-            self._ch.settimeout(timeout)
-            try:
-                return self._ch.request(msg)
-            except socket.timeout:
-                self.close()  # the reply may still come: this connection's framing is no longer known
-                raise TFOSTimeoutError(f"no answer from the tfos driver at {self.host}:{self.port} within "
-                                       f"{timeout:.0f}s") from None
-            except BaseException:
-                self.close()
-                raise
-        if self._ch is not None:
+        if self._ch is not None and not self._keep:  # inside session(): its connection, its timeout
             return self._ch.request(msg)
-        with Channel.connect(self.host, self.port, self.secret, timeout=min(timeout, 30.0), what="tfos driver",
-                             setting=setting, unreachable_hint=UNREACHABLE_DRIVER) as ch:
-            ch.settimeout(timeout)
-            try:
-                return ch.request(msg)
-            except socket.timeout:
-                hint = f"; raise {setting}" if setting else ""
-                raise TFOSTimeoutError(f"no answer from the tfos driver at {self.host}:{self.port} within "
-                                       f"{timeout:.0f}s{hint}") from None
+        ch = self._ch or Channel.connect(self.host, self.port, self.secret, timeout=min(timeout, 30.0),
+                                         what="tfos driver", setting=setting, unreachable_hint=UNREACHABLE_DRIVER)
+        if self._keep:
+            self._ch = ch
+        ch.settimeout(timeout)
+        ok = False
+        try:
+            reply = ch.request(msg)
+            ok = True
+            return reply
+        except socket.timeout:
+            hint = f"; raise {setting}" if setting else ""
+            raise TFOSTimeoutError(f"no answer from the tfos driver at {self.host}:{self.port} within "
+                                   f"{timeout:.0f}s{hint}") from None
+        finally:
+            # one request per connection, or a kept one that failed (its framing is no longer known):
+            # the next request connects afresh
+            if not (self._keep and ok):
+                if ch is self._ch:
+                    self._ch = None
+                ch.close()
 
     def local_address(self) -> str:
         """This end's address of the open session (the interface this host reaches the driver on), or ""."""

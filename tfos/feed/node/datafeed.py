@@ -98,16 +98,14 @@ def _weighted(batch: pa.RecordBatch, weight: float) -> pa.RecordBatch:
 
 
 def _concatenate(parts):
-    """``np.concatenate(parts)`` into 64-byte-aligned memory, as the Arrow buffers are: TensorFlow
-    takes an aligned array as it is, and copies an unaligned one (a batch that spans two chunks)."""
+    """``np.concatenate(parts)`` into an Arrow buffer, 64-byte aligned like the channel's data frames
+    (wire.channel): TensorFlow takes an aligned array as it is and copies an unaligned one (a batch
+    that spans two chunks)."""
     if parts[0].dtype == object:
         return np.concatenate(parts)
     shape = (sum(len(p) for p in parts),) + parts[0].shape[1:]
-    nbytes = int(np.prod(shape)) * parts[0].dtype.itemsize
-    raw = np.empty(nbytes + 64, np.uint8)
-    start = -raw.ctypes.data % 64
-    out = raw[start:start + nbytes].view(parts[0].dtype).reshape(shape)
-    return np.concatenate(parts, out=out)
+    buf = pa.allocate_buffer(int(np.prod(shape)) * parts[0].dtype.itemsize)
+    return np.concatenate(parts, out=np.frombuffer(buf, parts[0].dtype).reshape(shape))
 
 
 class DataFeed:

@@ -380,6 +380,47 @@ def test_whole_records_stops_at_the_last_complete_record():
     assert whole_records(a[:5]) == 0 and whole_records(b"") == 0
 
 
+@pytest.mark.parametrize("sizes,block", [
+    ([10, 300, 5, 5000, 1, 0, 64], 7),      # carries shorter than a record's 8-byte length
+    ([10, 300, 5, 5000, 1, 0, 64], 100),    # a record longer than several blocks
+    ([10, 300, 5, 5000, 1, 0, 64], 26),     # the first record ends exactly at the block's end
+    ([100] * 50, 116 * 3),                  # every cut on a record boundary: no carry
+    ([100] * 50, 8 << 20),                  # one block holds everything
+])
+def test_cut_block_writes_whole_records_in_order_without_joining(sizes, block):
+    from tfos.data.spool import cut_block, whole_records
+    from tfos.data.tfrecord import tfrecord_frame
+
+    stream = b"".join(tfrecord_frame(bytes([i % 256]) * n) for i, n in enumerate(sizes))
+    written, carry = [], b""
+    for pos in range(0, len(stream), block):
+        parts, carry = cut_block(carry, memoryview(stream[pos:pos + block]))
+        if parts:
+            piece = b"".join(bytes(p) for p in parts)
+            assert whole_records(piece) == len(piece)  # each file TF reads holds whole records only
+            written.append(piece)
+    assert carry == b"" and b"".join(written) == stream
+
+
+def test_one_reader_process_serves_dataset_after_dataset(tf, tmp_path):
+    """tf.data runs the paths generator on threads that end with each iterator; the reader process
+    must not die with them (Linux's parent-death signal follows the starting thread)."""
+    from tfos.data import spool
+
+    spool._close_idle()
+    path = tmp_path / "r.tfrecord"
+    with open(path, "wb") as f:
+        for i in range(100):
+            f.write(data.tfrecord_frame(b"%d" % i))
+    pids = []
+    for _ in range(3):
+        assert sum(int(b.shape[0]) for b in data.tfrecord_dataset([str(path)], reader="arrow").batch(7)) == 100
+        assert len(spool._idle) == 1 and spool._idle[0].proc.poll() is None
+        pids.append(spool._idle[0].proc.pid)
+    assert len(set(pids)) == 1, pids
+    spool._close_idle()
+
+
 def test_the_arrow_reader_streams_blocks_and_names_a_truncated_file(tf, tmp_path, monkeypatch):
     """Blocks much smaller than the file: records cross block ends; a file cut inside a record is an
     error naming it; a consumer that stops early leaves no reader process and no spooled block."""

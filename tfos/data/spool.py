@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import select
 import signal
 import struct
@@ -36,6 +37,8 @@ BLOCK = int(os.environ.get("TFOS_SPOOL_BLOCK", 8 << 20))
 AHEAD = 4
 #: how long TensorFlow waits for the reader's next block before it gives up
 BLOCK_TIMEOUT_SECS = 600.0
+#: how long TensorFlow waits for a new reader process to be started
+SPAWN_TIMEOUT_SECS = 60.0
 _LENGTH = struct.Struct("<Q")
 
 
@@ -50,6 +53,22 @@ def whole_records(buf: bytes) -> int:
             break
         pos = stop
     return pos
+
+
+def cut_block(carry: bytes, block) -> tuple[list, bytes]:
+    """Pure: given the bytes left over from the previous block (``carry``, a record's head) and the
+    next ``block`` read (a memoryview), the buffers that make whole records, to be written in order
+    (the carry, then a view of the block: nothing is joined), and the new carry. A record longer
+    than the block grows the carry instead."""
+    start = 0
+    if carry:
+        head = carry if len(carry) >= 8 else carry + bytes(block[:8 - len(carry)])
+        end = 16 + _LENGTH.unpack_from(head)[0] - len(carry) if len(head) >= 8 else len(block) + 1
+        if end > len(block):  # the carried record does not end in this block either
+            return [], carry + bytes(block)
+        start = end
+    cut = start + whole_records(block[start:])
+    return [p for p in (carry, block[:cut]) if len(p)], bytes(block[cut:])
 
 
 class _Reader:
@@ -84,6 +103,44 @@ _idle: list[_Reader] = []
 _idle_lock = threading.Lock()
 
 
+class _Spawner:
+    """Reader processes are started from this one thread, which lives as long as the process.
+    Linux sends the parent-death signal when the *thread* that started a child ends, and tf.data
+    runs the generator on its own threads, which end with each iterator: a reader started there was
+    killed with them, so none was ever reused (each dataset paid a new reader's start)."""
+
+    def __init__(self):
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def start_reader(self) -> _Reader:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="tfos-spool-spawner", daemon=True)
+                self.thread.start()
+        box: queue.Queue = queue.Queue(maxsize=1)
+        self.jobs.put(box)
+        try:
+            got = box.get(timeout=SPAWN_TIMEOUT_SECS)
+        except queue.Empty:
+            raise FeedTimeoutError(f"the TFRecord reader process did not start in {SPAWN_TIMEOUT_SECS:.0f}s") from None
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _run(self) -> None:
+        while True:
+            box = self.jobs.get()
+            try:
+                box.put(_Reader())
+            except BaseException as e:  # the caller raises it
+                box.put(e)
+
+
+_spawner = _Spawner()
+
+
 def _close_idle() -> None:
     with _idle_lock:
         while _idle:
@@ -101,7 +158,7 @@ def spool_paths(uris, compression: str = "auto"):
     directory = tempfile.mkdtemp(prefix="spool-", dir=private.private_dir("spool"))
     with _idle_lock:
         reader = _idle.pop() if _idle else None
-    reader = reader if reader is not None and reader.proc.poll() is None else _Reader()
+    reader = reader if reader is not None and reader.proc.poll() is None else _spawner.start_reader()
     done = False
     try:
         reader.send(json.dumps({"dir": directory, "compression": compression, "uris": list(uris)}).encode() + b"\n")
@@ -127,40 +184,119 @@ def spool_paths(uris, compression: str = "auto"):
 
 # --------------------------------------------------------------------------- the reader process
 
-def _spool(request: dict, say, wait_for_room) -> None:
+class _Writer:
+    """The reader process's writing thread: it writes each block's file and announces it, while the
+    main thread reads the next block from the filesystem (a write's system call runs without the
+    GIL, so it overlaps the read even where the client keeps the GIL while it waits)."""
+
+    def __init__(self, say):
+        self.say = say
+        self.jobs: queue.Queue = queue.Queue(maxsize=1)  # one block waiting: memory stays ~3 blocks
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="tfos-spool-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if self.error is not None:
+                continue
+            path, parts = job
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                try:
+                    _write_all(fd, parts)
+                finally:
+                    os.close(fd)
+                self.say(f"BLOCK {path}")
+            except BaseException as e:  # the main thread raises it at its next block or at the end
+                self.error = e
+
+    def put(self, path: str, parts: list) -> None:
+        self._check()
+        self.jobs.put((path, parts))
+
+    def finish(self, check: bool = True) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+        if check:
+            self._check()
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _write_all(fd: int, parts: list) -> None:
+    """Write the buffers in ``parts`` to ``fd`` in order (writev; again for what a short write left)."""
+    views = [memoryview(p) for p in parts if len(p)]
+    while views:
+        n = os.writev(fd, views)
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+def _read_blocks(uri: str, compression: str):
+    """The bytes of ``uri`` (decompressed), in blocks of about BLOCK bytes. From hdfs-native, an
+    uncompressed file comes through its range stream, which keeps the next packets coming from the
+    DataNode while this process handles the last ones (about twice the speed of ``read(n)`` calls
+    here, bench/hdfs_io.py); the stream's 64 KB pieces are joined per block."""
     from tfos.data.fs import _resolve
     from tfos.data.tfrecord import _compression_of, _decompressing
 
+    fs, path, _ = _resolve(uri)
+    comp = _compression_of(path) if compression == "auto" else compression
+    client = getattr(getattr(fs, "handler", None), "client", None)  # hdfs-native: read it without pyarrow's
+    if client is not None and not comp:
+        with client.read(path) as f:
+            pieces, size = [], 0
+            for piece in f.read_range_stream(0, len(f)):
+                pieces.append(piece)
+                size += len(piece)
+                if size >= BLOCK:
+                    yield b"".join(pieces)
+                    pieces, size = [], 0
+            if pieces:
+                yield b"".join(pieces)
+        return
+    with (client.read(path) if client is not None
+          else fs.open_input_stream(path, compression=None, buffer_size=0)) as raw:
+        stream = _decompressing(raw, comp)
+        while True:
+            block = stream.read(BLOCK)
+            if not block:
+                return
+            yield block
+
+
+def _spool(request: dict, say, wait_for_room) -> None:
     n, credits = 0, AHEAD
-    for uri in request["uris"]:
-        fs, path, _ = _resolve(uri)
-        comp = _compression_of(path) if request["compression"] == "auto" else request["compression"]
-        client = getattr(getattr(fs, "handler", None), "client", None)  # hdfs-native: read it without pyarrow's
-        with (client.read(path) if client is not None
-              else fs.open_input_stream(path, compression=None, buffer_size=0)) as raw:
-            stream, carry = _decompressing(raw, comp), b""
-            while True:
-                block = stream.read(BLOCK)
-                if not block:
-                    break
-                buf = carry + bytes(block) if carry else bytes(block)
-                cut = whole_records(buf)
-                carry = buf[cut:]
-                if not cut:
+    writer = _Writer(say)
+    try:
+        for uri in request["uris"]:
+            carry = b""
+            for block in _read_blocks(uri, request["compression"]):
+                parts, carry = cut_block(carry, memoryview(block))
+                if not parts:
                     continue
                 if credits == 0:
                     wait_for_room()
                     credits += 1
-                spooled = os.path.join(request["dir"], f"{n}.tfrecord")
+                writer.put(os.path.join(request["dir"], f"{n}.tfrecord"), parts)
                 n += 1
-                fd = os.open(spooled, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(memoryview(buf)[:cut])
                 credits -= 1
-                say(f"BLOCK {spooled}")
             if carry:
-                raise FeedError(f"truncated TFRecord in {uri}: {len(carry)} bytes after the last whole record; the "
-                                "file is incomplete or not a TFRecord file (wrong compression_type?)")
+                raise FeedError(f"truncated TFRecord in {uri}: {len(carry)} bytes after the last whole record; "
+                                "the file is incomplete or not a TFRecord file (wrong compression_type?)")
+    except BaseException:
+        writer.finish(check=False)  # the first cause is the read's, not a write it stopped
+        raise
+    writer.finish()
     say("END")
 
 

@@ -47,6 +47,33 @@ def test_tfos_data_lists_shards_and_reads_hdfs(hadoop, hdfs_dir, tmp_path):
     assert len(records) == 100 and {r.split(":")[0] for r in records} == {"1", "3"}
 
 
+def test_streams_read_every_byte_in_any_read_size(hadoop, hdfs_dir, tmp_path):
+    """open_input_stream (hdfs-native's range stream, joined per read) and open_input_file (the
+    seekable reader) give the file's bytes whatever the read sizes, across the stream's pieces."""
+    from tfos.data.fs import _resolve
+
+    blob = np.random.default_rng(0).integers(0, 256, (3 << 20) + 12345, dtype=np.uint8).tobytes()
+    (tmp_path / "blob").write_bytes(blob)
+    hadoop.fs("-put", str(tmp_path / "blob"), hdfs_dir)
+    fs, path, _ = _resolve(f"{hadoop.default_fs}{hdfs_dir}/blob")
+    for sizes in ([1, 7, 65536, 65537, 1 << 20], [3 << 20], [-1]):
+        with fs.open_input_stream(path) as f:
+            got, i = [], 0
+            while True:
+                b = f.read(sizes[i % len(sizes)]) if sizes != [-1] else f.read()
+                i += 1
+                if not b:
+                    break
+                got.append(b)
+            assert b"".join(got) == blob
+    with fs.open_input_file(path) as f:
+        f.seek(len(blob) - 100)
+        assert f.read() == blob[-100:]
+    fs.copy_file(path, path + ".copy")
+    with fs.open_input_stream(path + ".copy") as f:
+        assert f.read() == blob
+
+
 def test_mirror_puts_checkpoints_on_hdfs_state_file_last(hadoop, hdfs_dir, tmp_path):
     uri = f"{hadoop.default_fs}{hdfs_dir}/ckpt"
     m = Mirror(uri, str(tmp_path / "local"))

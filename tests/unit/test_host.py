@@ -47,6 +47,45 @@ time.sleep(600)
     assert wait_for(lambda: not _running(child), 10), "child outlived its killed parent"
 
 
+def test_a_child_started_on_a_short_lived_thread_outlives_the_thread_not_the_process(tmp_path):
+    """Linux's parent-death signal follows the thread that started the child: plain Popen with
+    die_with_parent on a thread that ends kills the child with it; popen_dying_with_process starts
+    it from a thread that lasts, so it lives until the process dies."""
+    import threading
+
+    started = {}
+
+    def start(name, fn):
+        t = threading.Thread(target=lambda: started.__setitem__(name, fn()))
+        t.start()
+        t.join()  # the starting thread has ended
+
+    start("plain", lambda: subprocess.Popen(["sleep", "60"], preexec_fn=processes.die_with_parent))
+    start("owned", lambda: processes.popen_dying_with_process(["sleep", "60"]))
+    try:
+        assert started["plain"].wait(10) == -signal.SIGKILL
+        time.sleep(0.5)
+        assert started["owned"].poll() is None
+    finally:
+        for p in started.values():
+            processes.terminate(p, 2.0, "sleep")
+    parent_code = f"""
+import sys, threading, time
+from tfos.host import processes as host
+t = threading.Thread(target=lambda: open({str(tmp_path / 'pid')!r}, "w").write(
+    str(host.popen_dying_with_process(["sleep", "600"]).pid)))
+t.start(); t.join()
+time.sleep(600)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    assert wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 20)
+    child = int((tmp_path / "pid").read_text())
+    assert _running(child)
+    parent.kill()
+    parent.wait()
+    assert wait_for(lambda: not _running(child), 10), "child outlived its killed parent"
+
+
 def _running(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -37,8 +37,6 @@ BLOCK = int(os.environ.get("TFOS_SPOOL_BLOCK", 8 << 20))
 AHEAD = 4
 #: how long TensorFlow waits for the reader's next block before it gives up
 BLOCK_TIMEOUT_SECS = 600.0
-#: how long TensorFlow waits for a new reader process to be started
-SPAWN_TIMEOUT_SECS = 60.0
 _LENGTH = struct.Struct("<Q")
 
 
@@ -76,10 +74,12 @@ class _Reader:
     one after another: its start (an interpreter, pyarrow, the HDFS client) is paid once."""
 
     def __init__(self):
-        # unbuffered: select() on the pipe must see every line the reader wrote (none waits in a buffer)
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     bufsize=0, close_fds=True,
-                                     preexec_fn=lambda: processes.die_with_parent(signal.SIGKILL))
+        # unbuffered: select() on the pipe must see every line the reader wrote (none waits in a buffer).
+        # Started from a thread that outlives tf.data's generator threads: Linux's parent-death signal
+        # follows the starting thread, and a reader started on one died with its iterator (none reused)
+        self.proc = processes.popen_dying_with_process([sys.executable, "-m", __name__], signal.SIGKILL,
+                                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                                       close_fds=True)
 
     def send(self, line: bytes) -> None:
         try:
@@ -103,44 +103,6 @@ _idle: list[_Reader] = []
 _idle_lock = threading.Lock()
 
 
-class _Spawner:
-    """Reader processes are started from this one thread, which lives as long as the process.
-    Linux sends the parent-death signal when the *thread* that started a child ends, and tf.data
-    runs the generator on its own threads, which end with each iterator: a reader started there was
-    killed with them, so none was ever reused (each dataset paid a new reader's start)."""
-
-    def __init__(self):
-        self.jobs: queue.Queue = queue.Queue()
-        self.thread: threading.Thread | None = None
-        self.lock = threading.Lock()
-
-    def start_reader(self) -> _Reader:
-        with self.lock:
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._run, name="tfos-spool-spawner", daemon=True)
-                self.thread.start()
-        box: queue.Queue = queue.Queue(maxsize=1)
-        self.jobs.put(box)
-        try:
-            got = box.get(timeout=SPAWN_TIMEOUT_SECS)
-        except queue.Empty:
-            raise FeedTimeoutError(f"the TFRecord reader process did not start in {SPAWN_TIMEOUT_SECS:.0f}s") from None
-        if isinstance(got, BaseException):
-            raise got
-        return got
-
-    def _run(self) -> None:
-        while True:
-            box = self.jobs.get()
-            try:
-                box.put(_Reader())
-            except BaseException as e:  # the caller raises it
-                box.put(e)
-
-
-_spawner = _Spawner()
-
-
 def _close_idle() -> None:
     with _idle_lock:
         while _idle:
@@ -158,7 +120,7 @@ def spool_paths(uris, compression: str = "auto"):
     directory = tempfile.mkdtemp(prefix="spool-", dir=private.private_dir("spool"))
     with _idle_lock:
         reader = _idle.pop() if _idle else None
-    reader = reader if reader is not None and reader.proc.poll() is None else _spawner.start_reader()
+    reader = reader if reader is not None and reader.proc.poll() is None else _Reader()
     done = False
     try:
         reader.send(json.dumps({"dir": directory, "compression": compression, "uris": list(uris)}).encode() + b"\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -42,6 +43,59 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """preexec_fn: ask Linux to send ``sig`` (default SIGKILL) to this child when its parent thread
     exits."""
     _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+#: how long a caller waits for the spawner thread to start its child
+SPAWN_TIMEOUT_SECS = 60.0
+
+
+class _Spawner:
+    """One thread that lives as long as the process and starts the children handed to it. Linux
+    sends the parent-death signal when the *thread* that started a child ends, not the process:
+    a child started with :func:`die_with_parent` from a short-lived thread (tf.data's generator
+    threads end with each iterator; a notebook's worker thread) would be killed with that thread."""
+
+    def __init__(self):
+        self.jobs: "queue.Queue" = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def popen(self, args, **kwargs) -> subprocess.Popen:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="tfos-spawner", daemon=True)
+                self.thread.start()
+        box: "queue.Queue" = queue.Queue(maxsize=1)
+        self.jobs.put((box, args, kwargs))
+        try:
+            got = box.get(timeout=SPAWN_TIMEOUT_SECS)
+        except queue.Empty:
+            raise TimeoutError(f"could not start {args[0]!r} within {SPAWN_TIMEOUT_SECS:.0f}s") from None
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _run(self) -> None:
+        while True:
+            box, args, kwargs = self.jobs.get()
+            try:
+                box.put(subprocess.Popen(args, **kwargs))
+            except BaseException as e:  # the caller raises it
+                box.put(e)
+
+
+_spawner = _Spawner()
+
+
+def popen_dying_with_process(args, sig: int = signal.SIGKILL, **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(args, **kwargs)`` for a child that gets ``sig`` when this process dies
+    (PR_SET_PDEATHSIG), whichever thread calls: the child is started from a thread that lives as
+    long as the process. ``preexec_fn`` must not be given."""
+    if "preexec_fn" in kwargs:
+        raise ValueError("popen_dying_with_process sets preexec_fn itself")
+    if threading.current_thread() is threading.main_thread():  # it lives as long as the process
+        return subprocess.Popen(args, preexec_fn=lambda: die_with_parent(sig), **kwargs)
+    return _spawner.popen(args, preexec_fn=lambda: die_with_parent(sig), **kwargs)
 
 
 def become_subreaper() -> bool:

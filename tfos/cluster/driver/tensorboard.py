@@ -31,10 +31,9 @@ class TensorBoard:
 
     def __init__(self, log_dir: str, bind_host: str, port: int = 0, timeout: float = 60.0):
         self.log_dir = log_dir
-        self.proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", log_dir,
-                                      "--host", bind_host, "--port", str(port), "--reload_interval", "2"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=processes.die_with_parent)
+        self.proc = processes.popen_dying_with_process(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", log_dir, "--host", bind_host, "--port", str(port),
+             "--reload_interval", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         self.url = self._read_url(timeout)
         self.url = self.url.replace("://0.0.0.0:", f"://{bind_host}:")
         threading.Thread(target=self._drain, name="tfos-tensorboard-log", daemon=True).start()

@@ -6,8 +6,11 @@ For each tensor size (float32, default 16, 64 and 256 MiB) and rank count, in ON
   * tfos gloo          tfos.keras_dist.allreduce(t) with implementation='gloo' (the default on CPU
                        hosts with PyTorch) inside tf.function, t made by the step and read by
                        nothing else (as a gradient is): reduced in its own memory (TF forwards it)
-  * tfos gloo grads    the DistributedOptimizer path (mean): 4 such tensors of size/4, each reduced
-                       in its own memory, all issued in one call to Gloo
+  * tfos gloo grads    the DistributedOptimizer under model.fit: 4 such tensors of size/4 (gradients
+                       pre-divided by the workers through its scale_loss), summed, each in its own
+                       memory, all issued in one call to Gloo
+  * tfos gloo grads loop  the same 4 from a custom loop's apply (no scale_loss): the mean, one
+                       scaling pass after the sum
   * tfos gloo kept     allreduce(t) of a t the caller keeps: the result is a copy (chunked, each
                        chunk's all-reduce started while the next is copied)
   * tfos gloo fp16     tfos.keras_dist.allreduce(t, compression='fp16'): half the bytes
@@ -153,10 +156,16 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5) -> dict:
         def fresh():  # a tensor the step made and nothing else reads, as a gradient
             return keras_dist.allreduce(tf.raw_ops.Empty(shape=[n], dtype=tf.float32), average=False)
 
+        def four():
+            return [tf.raw_ops.Empty(shape=[n // 4], dtype=tf.float32) for _ in range(4)]
+
         @tf.function
-        def grads():  # 4 of them, mean: the DistributedOptimizer path
-            return keras_dist._all_reduce_list([tf.raw_ops.Empty(shape=[n // 4], dtype=tf.float32)
-                                                for _ in range(4)])
+        def grads():  # 4 of them, the DistributedOptimizer under model.fit: scale_loss pre-divided, summed
+            return keras_dist._all_reduce_list(four(), average=False)
+
+        @tf.function
+        def grads_loop():  # 4 of them, a custom loop's apply without scale_loss: the mean after the sum
+            return keras_dist._all_reduce_list(four(), average=True)
 
         @tf.function
         def kept(t):  # the caller keeps t: the result is a copy
@@ -164,7 +173,7 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5) -> dict:
 
         ref, t = torch.ones(n), tf.ones([n], tf.float32)
         return {"torch Gloo (ref)": lambda: pg.allreduce([ref]).wait(), "tfos gloo": fresh,
-                "tfos gloo grads": grads, "tfos gloo kept": lambda: kept(t)}
+                "tfos gloo grads": grads, "tfos gloo grads loop": grads_loop, "tfos gloo kept": lambda: kept(t)}
 
     out = {}
     for size in sizes:
@@ -340,7 +349,8 @@ def print_table(ranks: int, sizes, results) -> None:
     print(f"ratios, {ranks} ranks (>1: faster than the reference)")
     for size in sizes:
         parts = []
-        for name in ("tfos gloo", "tfos gloo grads", "tfos gloo kept", "tfos gloo fp16", "tfos gloo bf16"):
+        for name in ("tfos gloo", "tfos gloo grads", "tfos gloo grads loop", "tfos gloo kept", "tfos gloo fp16",
+                     "tfos gloo bf16"):
             if name in results:
                 if ref:
                     parts.append(f"{name}/torch {ref[size] / results[name][size]:.2f}")

@@ -64,6 +64,19 @@ def _primitives(opts) -> int:
     step(tf.constant(1.0))  # traced: w = -1.5
     step(tf.constant(2.0))  # same trace, new instance keys at call time: w = -4.5
     opt.apply([tf.ones([3]) * (rank + 1), tf.zeros([2])], [w, u])  # eager: w = -6.0
+    # model.fit's order: scale_loss (divided by the workers) before the gradient, apply sums
+    z = keras.Variable(np.zeros((2,), "float32"), name="z")
+    opt2 = keras_dist.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=opts.compression or None)
+
+    def fit_like(scale):
+        with tf.GradientTape() as tape:
+            loss = opt2.scale_loss(tf.reduce_sum(z * scale * (rank + 1.0)))  # d/dz = scale * (rank + 1)
+        opt2.apply(tape.gradient(loss, [z]), [z])
+
+    tf.function(fit_like)(tf.constant(1.0))  # traced: z = -1.5
+    fit_like(tf.constant(2.0))  # eager: z = -4.5
+    opt2.apply([tf.fill([2], rank + 1.0)], [z])  # a custom loop without scale_loss: the mean, z = -6.0
+    out["z"] = np.asarray(z).tolist()
     out["w"] = np.asarray(w).tolist()
     out["u"] = np.asarray(u).tolist()
     out["opt_class"] = type(opt).__name__
@@ -345,6 +358,7 @@ def test_primitives_two_workers(tmp_path, chief, method, implementation):
         assert r["mean"] == 1.5 and r["sum"] == [3, 20]
         assert r["bcast"] == [[[2.0] * 3] * 2, [6, 8], [3.0] * 4]
         assert r["w"] == [-6.0] * 3
+        assert r["z"] == [-6.0] * 2  # scale_loss + apply (fit's path) gives the mean too, traced and eager
         assert r["u"] == pytest.approx([-1.0] * 2, abs=1e-6)  # 2 traced steps of mean(1/3, 2/3) = 0.5
         assert r["opt_class"] == "SGD" and r["opt_config_name"] == "SGD"
 

@@ -19,8 +19,12 @@ def DistributedOptimizer(optimizer, num_workers: int | None = None, compression:
 
     The optimizer's class is replaced (in place; the same object is returned) by a subclass whose
     ``apply`` (which ``apply_gradients`` and ``model.fit`` go through) first all-reduces the
-    gradients with ``CollectiveReduceV2``. Hyper-parameters, state and serialization are those of
-    the original optimizer (``get_config``/``model.save`` record the original class).
+    gradients with ``CollectiveReduceV2`` (or Gloo). Under ``model.fit`` the loss passes through
+    the optimizer's ``scale_loss``, which divides it by the number of workers: the gradients then
+    come out pre-divided and are summed, the mean without a pass over them. Custom loops that call
+    ``apply`` without ``scale_loss`` get the mean computed after the sum. Hyper-parameters, state
+    and serialization are those of the original optimizer (``get_config``/``model.save`` record
+    the original class).
 
     Args:
         optimizer: a Keras 3 optimizer instance (or a name such as ``"adam"``), created outside any
@@ -48,14 +52,24 @@ def DistributedOptimizer(optimizer, num_workers: int | None = None, compression:
         return optimizer
     base = type(optimizer)
 
+    def scale_loss(self, loss):
+        # Keras 3's train_step (model.fit) passes the loss through here before taking its gradient:
+        # dividing it by the number of workers makes the gradients arrive pre-divided, and apply()
+        # then sums them, which is the mean without a pass over the reduced gradients
+        self._tfos_prescaled = True  # read by the apply() of the same step (trace or eager call)
+        loss = base.scale_loss(self, loss)
+        return loss / _state.size if _state.size > 1 else loss
+
     def apply(self, grads, trainable_variables=None):
-        grads = _all_reduce_list(list(grads), average=True, compression=self._tfos_compression,
+        prescaled, self._tfos_prescaled = self._tfos_prescaled, False
+        grads = _all_reduce_list(list(grads), average=not prescaled, compression=self._tfos_compression,
                                  bytes_per_pack=self._tfos_bytes_per_pack, device=self._tfos_device)
         return base.apply(self, grads, trainable_variables)
 
     apply.__doc__ = "All-reduce (mean) the gradients across workers, then " + (base.apply.__doc__ or "apply them.")
     dist_cls = type(base.__name__, (base,), {
         "apply": apply,
+        "scale_loss": scale_loss,
         "_tfos_distributed": True,
         "__module__": base.__module__,  # serialization records the original optimizer
         "__doc__": base.__doc__,
@@ -64,6 +78,7 @@ def DistributedOptimizer(optimizer, num_workers: int | None = None, compression:
     optimizer._tfos_compression = compression
     optimizer._tfos_bytes_per_pack = int(bytes_per_pack)
     optimizer._tfos_device = device
+    optimizer._tfos_prescaled = False
     logger.info("DistributedOptimizer(%s): %d workers, compression=%s", base.__name__, _state.size,
                 optimizer._tfos_compression)
     return optimizer

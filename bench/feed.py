@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from machine import machine_cpu
+
 ROW_BYTES = 784 * 4 + 8
 
 
@@ -106,13 +108,6 @@ def tfos_path_counter(plan, ctx):
         ctx.report(**{f"rows_{i}": n + feed.hub.rows_dropped - dropped, f"gate_{i}": (
             feed.hub.gate_requests, round(feed.hub.gate_wait_secs, 2), round(feed.wait_secs, 2)),
             f"cpu_{i}": round(time.process_time() - cpu0, 2)})
-
-
-def machine_cpu() -> float:
-    """CPU-seconds the whole machine has spent busy (every process), from /proc/stat."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def tfos_by_batch(sc, rows, partitions, sizes, plan=None, uneven=lambda key: "drop"):

@@ -25,17 +25,12 @@ import sys
 import tempfile
 import time
 
+from machine import machine_cpu
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 BLOCK = 8 << 20
-
-
-def machine_cpu() -> float:
-    """CPU-seconds the whole machine has spent busy (every process, user and system), /proc/stat."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
 
 
 def best(fn, repeat):

@@ -7,7 +7,8 @@ everything in :mod:`tfos.data` (listing, sharding, the readers, TFRecord writing
 process's staging mirror (:mod:`tfos.cluster.node.staging`) use one code path for every scheme.
 Reads stream, never whole into memory: a stream read front to back (``open_input_stream``: the
 TFRecord and CSV readers, record counts, the mirror's restore, ``copy_file``) goes through
-hdfs-native's range stream; ``open_input_file`` (Parquet) gets the seekable reader. Runs in every process that touches files; imports hdfs-native and pyarrow lazily.
+hdfs-native's range stream; ``open_input_file`` (Parquet) gets the seekable reader. Runs in every
+process that touches files; imports hdfs-native and pyarrow lazily.
 """
 
 from __future__ import annotations

@@ -91,6 +91,39 @@ def test_the_gate_answers_when_the_other_node_has_rows_or_the_feed_is_complete()
     assert sched.on_gate(M.FeedGate("c", 1, "f", 400)) == M.FeedGateReply(100, True, ((0, 100), (1, 150)), 150)
 
 
+def test_each_assignment_carries_the_safe_count_after_it():
+    reg = NodeRegistry("c", [("chief", 0), ("worker", 0)])
+    sched = FeedScheduler(reg, [0, 1])
+    replies = [sched.on_assign(M.AssignChunk("c", "f", rows)) for rows in (100, 150, 100, 30)]
+    assert [(r.pieces, r.safe) for r in replies] == [(((0, 100),), 0), (((1, 150),), 100), (((0, 100),), 150),
+                                                     (((1, 30),), 180)]
+
+
+def test_the_hub_keeps_the_highest_safe_count_and_refuses_it_outside_a_gated_feed():
+    secret = C.new_secret()
+    hub = FeedHub(secret).start()
+    try:
+        def feed(uneven, *safes):
+            ch = C.Channel.connect("127.0.0.1", hub.port, secret, timeout=10)
+            ch.settimeout(10)
+            ch.send(M.FeedBegin("f", "input", 0, True, uneven, 2))
+            for s in safes:
+                ch.send(M.FeedSafe(s))
+            ch.send(M.FeedPartitionEnd(0))
+            reply = ch.recv()
+            ch.close()
+            return reply
+
+        assert feed("drop", 500, 300) == M.FeedAck(0)
+        assert hub.queue("input").safe == {"f": 500}
+        for uneven, safe in (("", 900), ("drop", -1)):
+            reply = feed(uneven, safe)
+            assert isinstance(reply, M.ErrorReply) and "FeedSafe" in reply.message
+            assert hub.queue("input").safe == {"f": 500}
+    finally:
+        hub.close()
+
+
 # --------------------------------------------------------------------------- the data path in one process
 
 class FeedPath:
@@ -228,6 +261,18 @@ def test_error_raises_on_every_rank_at_the_same_step(path):
     assert sorted(i for i, _ in errors) == [0, 1] and not barrier.broken
     for _, e in errors:
         assert isinstance(e, UnevenDataError) and "uneven='drop'" in str(e)
+
+
+def test_the_safe_count_comes_with_the_data_so_readers_rarely_ask_the_driver(path):
+    """100 chunks per node: the readers learn the safe count from the feeding tasks' frames; a
+    reader asks the driver only when no news came for a while, and for the feed's end."""
+    barrier = threading.Barrier(2, timeout=30)
+    results, errors, per_node = path.run(_partitions([5000] * 4), _steps_with_a_collective(
+        barrier, lambda f: f.batches(100)), chunk_rows=100)
+    assert not errors, errors
+    assert len(results[0][0]) == len(results[1][0]) == 100
+    requests = [h.gate_requests for h in path.hubs]
+    assert all(1 <= r <= 20 for r in requests), requests
 
 
 def test_dataset_blocks_respect_the_gate(path):

@@ -161,11 +161,17 @@ class DriverClient:
         """Where the next ``rows`` rows go: ``[(node, rows)]`` in order, one piece or several (the
         driver levels the nodes' shares); empty when every node stopped reading. With ``columns``
         (a partition's first chunk) the driver also checks them against the feed's."""
+        return self.place_chunk(feed_id, rows, failed_node, partition, columns)[0]
+
+    def place_chunk(self, feed_id: str, rows: int, failed_node: int = -1, partition: int = -1,
+                    columns: tuple[M.Column, ...] | None = None) -> tuple[list[tuple[int, int]], int]:
+        """:meth:`assign_chunk`'s pieces, and the feed's safe count after this assignment (the
+        fewest rows sent to a node still reading: what every node may take under equal steps)."""
         reply = self._request(M.AssignChunk(self.cluster_id, feed_id, rows, failed_node, partition, columns,
                                             self.local_address()))
         if reply.node_index < 0:
-            return []
-        return list(reply.pieces) or [(reply.node_index, rows)]
+            return [], reply.safe
+        return list(reply.pieces) or [(reply.node_index, rows)], reply.safe
 
 
 class FeedClient:
@@ -185,6 +191,10 @@ class FeedClient:
 
     def send_batch(self, ipc_payload) -> None:
         self.ch.send_data(ipc_payload)
+
+    def send_safe(self, safe: int) -> None:
+        """The driver's safe count, ahead of the next data frame (a gated train feed)."""
+        self.ch.send(M.FeedSafe(safe))
 
     def end_partition(self, rows: int) -> None:
         self.ch.send(M.FeedPartitionEnd(rows))

@@ -299,6 +299,7 @@ class FeedGateReply:
 class AssignReply:
     node_index: int  # -1: every node stopped reading; skip the rest of the partition
     pieces: tuple[tuple[int, int], ...] = ()  # (node, rows): the chunk split to keep shares level
+    safe: int = 0  # after this assignment, the fewest rows sent to a node still reading (equal steps)
 
 
 # --------------------------------------------------------------------------- feed channels
@@ -316,6 +317,15 @@ class FeedBegin:  # feeding task -> feed hub, then Arrow frames
 @message
 class FeedPartitionEnd:
     rows: int
+
+
+@message
+class FeedSafe:
+    """Feeding task -> feed hub, before a data frame of a gated train feed: the driver's safe count
+    (:class:`AssignReply`'s ``safe``) as of the frame's assignment; the node may take that many rows
+    of the feed without asking the driver (equal steps)."""
+
+    safe: int
 
 
 #: feed_id of the FeedEnd the driver sends at shutdown: no more feeds will come.

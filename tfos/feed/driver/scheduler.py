@@ -172,7 +172,7 @@ class FeedScheduler:
                 counts[node] += rows
             if pieces:
                 self._changed.notify_all()
-            return M.AssignReply(pieces[0][0] if pieces else -1, tuple(pieces))
+            return M.AssignReply(pieces[0][0] if pieces else -1, tuple(pieces), safe_rows(live, counts))
 
     def on_gate(self, msg: M.FeedGate):
         """A node's gate: answered when every live node has been sent ``need`` rows of the feed, when

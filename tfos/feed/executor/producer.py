@@ -82,6 +82,9 @@ class _Sender:
         self.rows: dict[int, int] = {}
         self.schema: pa.Schema | None = None
         self.rows_checked = 0
+        # a gated train feed (equal steps): each node hears the driver's safe count with its data
+        self.gated = train and bool(cfg.uneven) and len(cfg.feed_nodes) > 1
+        self.safe_sent: dict[int, int] = {}
 
     def client(self, node: int) -> FeedClient:
         client = self.clients.get(node)
@@ -98,6 +101,7 @@ class _Sender:
         return client
 
     def drop(self, node: int) -> None:
+        self.safe_sent.pop(node, None)
         client = self.clients.pop(node, None)
         if client is not None:
             client.close()
@@ -111,10 +115,15 @@ class _Sender:
         if drift:
             raise FeedError(f"partition {self.partition}, row {self.rows_checked}: {drift}")
 
-    def send(self, node: int, batch: pa.RecordBatch) -> None:
+    def send(self, node: int, batch: pa.RecordBatch, safe: int = 0) -> None:
+        """One piece to ``node``; in a gated feed, preceded by the driver's ``safe`` count when it
+        rose since this connection last carried it (the node's reader then need not ask)."""
         self.check(batch)
         client = self.client(node)
         try:
+            if self.gated and safe > self.safe_sent.get(node, 0):
+                client.send_safe(safe)
+                self.safe_sent[node] = safe
             client.send_batch(arrow.to_ipc(batch))
         except socket.timeout:
             raise FeedTimeoutError(
@@ -154,19 +163,20 @@ class _Sender:
             client.close()
 
 
-def _send_pieces(sender: _Sender, driver: DriverClient, feed_id: str, batch: pa.RecordBatch, pieces) -> bool:
-    """Send a chunk in the pieces the driver chose, in order; a piece whose node finished reading
-    meanwhile is placed again (the driver says why if the node failed instead). False when no node
-    reads any more."""
+def _send_pieces(sender: _Sender, driver: DriverClient, feed_id: str, batch: pa.RecordBatch, pieces,
+                 safe: int = 0) -> bool:
+    """Send a chunk in the pieces the driver chose, in order (with the feed's ``safe`` count as of
+    that assignment); a piece whose node finished reading meanwhile is placed again (the driver
+    says why if the node failed instead). False when no node reads any more."""
     pieces, offset = list(pieces), 0
     while pieces:
         node, rows = pieces.pop(0)
         try:
-            sender.send(node, batch if rows == batch.num_rows else batch.slice(offset, rows))
+            sender.send(node, batch if rows == batch.num_rows else batch.slice(offset, rows), safe)
         except _SendFailed as e:  # fine if that node ended its feed; else the driver says why
             sender.drop(e.node)
             try:
-                again = driver.assign_chunk(feed_id, rows, e.node)
+                again, safe = driver.place_chunk(feed_id, rows, e.node)
             except TFOSError:  # the driver refused (the node failed) or is gone
                 raise e from None
             if not again:
@@ -206,13 +216,13 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
                 for batch in chunks:
                     if sender.schema is None:  # first chunk: the driver checks it against other partitions
                         try:
-                            pieces = driver.assign_chunk(cfg.feed_id, batch.num_rows, partition=partition,
-                                                         columns=arrow.columns(batch.schema))
+                            pieces, safe = driver.place_chunk(cfg.feed_id, batch.num_rows, partition=partition,
+                                                              columns=arrow.columns(batch.schema))
                         except RequestRefused as e:
                             raise FeedError(str(e)) from None
                     else:
-                        pieces = driver.assign_chunk(cfg.feed_id, batch.num_rows)
-                    if not _send_pieces(sender, driver, cfg.feed_id, batch, pieces):
+                        pieces, safe = driver.place_chunk(cfg.feed_id, batch.num_rows)
+                    if not _send_pieces(sender, driver, cfg.feed_id, batch, pieces, safe):
                         break  # every node terminated its feed: skip the rest of this partition
                     total += batch.num_rows
                 sender.finish(finished_reading)

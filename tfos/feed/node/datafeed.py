@@ -7,6 +7,7 @@ fast numpy (``batches``) and tf.data (``dataset``) paths built straight from the
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 #: how long one gate request waits on the driver for a rise of the safe count before asking again
 GATE_WAIT = 5.0
+#: how long a reader at the gate waits for the safe count to come with data before asking the driver
+GATE_NEWS_WAIT = 0.02
 
 
 class _Gate:
@@ -30,57 +33,83 @@ class _Gate:
     included; ``real`` without), the driver's safe count, and once the feed is complete every
     live node's total (``totals``) and this node's (``own``).
 
-    A watcher thread keeps ``safe`` fresh: it long-polls the driver (FeedGate, on one
-    authenticated connection) for any rise of the safe count, so the reader rarely waits and never
-    asks itself; its one request per rise runs beside training."""
+    The safe count comes with the data: the feeding tasks send the driver's count with their
+    chunks, and the hub keeps the latest (``FeedQueue.safe``). Only a reader that finds no news
+    within GATE_NEWS_WAIT wakes the watcher thread, which long-polls the driver (FeedGate, on one
+    authenticated connection) until the count reaches what the reader needs or the feed is
+    complete (how the totals arrive)."""
 
-    def __init__(self, feed_id: str, policy: str, first: pa.RecordBatch, client=None):
+    def __init__(self, feed_id: str, policy: str, first: pa.RecordBatch, client=None, news=None):
         self.feed_id = feed_id
         self.policy = policy
-        self.safe = 0
+        self._asked = 0  # the driver's answers (the news from the data is in ``_heard``)
+        self._heard: dict = news.safe if news is not None else {}
         self.fed = self.real = self.padded = self.dropped = 0
         self.totals: dict[int, int] | None = None
         self.own = 0
         self.error: BaseException | None = None
         self.requests = 0  # gate requests the watcher made (reported: feed_gate_requests)
         self.wait_secs = 0.0  # how long the reader waited at the gate (reported: feed_gate_wait_secs)
-        self.cond = threading.Condition()
+        self.cond = news.news if news is not None else threading.Condition()
+        self._need = 0  # what the reader waits for, when it asked the watcher
+        self._wanted = threading.Event()
         self._stop = threading.Event()
         # "pad" repeats a row of this node's with weight 0: keep one (a copy, not a view of the chunk)
         self._pad_row = first.take(pa.array([0])) if policy == "pad" and first.num_rows else None
         if policy and client is not None:
             threading.Thread(target=self._watch, args=(client,), name=f"tfos-gate-{feed_id}", daemon=True).start()
 
+    @property
+    def safe(self) -> int:
+        """Rows every live node has been sent: the larger of the driver's answer and the data's news."""
+        return max(self._asked, self._heard.get(self.feed_id, 0))
+
     def _watch(self, client) -> None:
         try:
-            with client.session(timeout=GATE_WAIT + 30):
-                while not self._stop.is_set():
-                    reply = client.feed_gate(self.feed_id, self.safe + 1, GATE_WAIT)
-                    self.requests += 1
-                    with self.cond:
-                        self.safe = max(self.safe, reply.safe)
-                        if reply.complete:
-                            self.totals, self.own = dict(reply.totals), reply.own
-                        self.cond.notify_all()
-                    if reply.complete:
+            with contextlib.ExitStack() as stack:
+                connected = False
+                while True:
+                    self._wanted.wait()
+                    if self._stop.is_set():
                         return
+                    self._wanted.clear()
+                    if not connected:  # the first request opens the connection, kept for the feed
+                        stack.enter_context(client.session(timeout=GATE_WAIT + 30))
+                        connected = True
+                    while not self._stop.is_set() and self.safe < self._need:
+                        reply = client.feed_gate(self.feed_id, self._need, GATE_WAIT)
+                        self.requests += 1
+                        with self.cond:
+                            self._asked = max(self._asked, reply.safe)
+                            if reply.complete:
+                                self.totals, self.own = dict(reply.totals), reply.own
+                            self.cond.notify_all()
+                        if reply.complete:
+                            return
         except BaseException as e:  # the reader raises it when it next needs the gate
             with self.cond:
                 self.error = e
                 self.cond.notify_all()
 
     def wait(self, need: int) -> None:
-        """Until the safe count reaches ``need`` or the feed is complete (the watcher's news)."""
+        """Until the safe count reaches ``need`` or the feed is complete: news with the data, or
+        (after GATE_NEWS_WAIT without) the watcher's answer."""
         t0 = time.monotonic()
         with self.cond:
+            asked = False
             while self.totals is None and self.safe < need and self.error is None:
-                self.cond.wait(1.0)
+                waited = time.monotonic() - t0
+                if not asked and waited >= GATE_NEWS_WAIT:
+                    self._need, asked = need, True
+                    self._wanted.set()
+                self.cond.wait(1.0 if asked else GATE_NEWS_WAIT - waited)
             self.wait_secs += time.monotonic() - t0
             if self.error is not None:
                 raise FeedError(f"equal steps: the driver's gate failed: {self.error}") from self.error
 
     def close(self) -> None:
         self._stop.set()
+        self._wanted.set()
 
     def padding(self, k: int) -> pa.RecordBatch:
         return self._pad_row.take(pa.array(np.zeros(k, dtype=np.int64)))
@@ -164,7 +193,8 @@ class DataFeed:
             self._feed_rows[item.feed_id] += item.batch.num_rows
             if self._gate is None and self.train_mode and item.origin.train:
                 gated = item.origin.uneven if item.origin.ranks > 1 and self.hub.gate_client is not None else ""
-                self._gate = _Gate(item.feed_id, gated, item.batch, self.hub.gate_client() if gated else None)
+                self._gate = _Gate(item.feed_id, gated, item.batch, self.hub.gate_client() if gated else None,
+                                   self.queue)
         elif isinstance(item, End):
             got_rows = self._feed_rows.pop(item.feed_id, 0)
             if got_rows != item.rows:
@@ -212,6 +242,7 @@ class DataFeed:
             self._accept(self._next_item())
         g.dropped = dropped
         g.close()
+        self.queue.forget_safe(g.feed_id)
         self.hub.rows_dropped += dropped
         self.hub.rows_padded += g.padded
         self.hub.gate_requests += g.requests

@@ -79,9 +79,14 @@ class Origin:
             self.cond.notify_all()
 
 
+#: feeds whose safe counts a queue keeps (the oldest is forgotten first)
+KEEP_SAFE = 16
+
+
 class FeedQueue:
-    """Bounded queue of one named feed, with end-of-feed accounting and the schema each feed began
-    with (every partition of a feed must send the same columns)."""
+    """Bounded queue of one named feed, with end-of-feed accounting, the schema each feed began
+    with (every partition of a feed must send the same columns), and each gated feed's safe count
+    as last heard from a feeding task (``safe``, changes announced on ``news``)."""
 
     def __init__(self, name: str, maxsize: int):
         self.name = name
@@ -89,6 +94,21 @@ class FeedQueue:
         self.terminated = threading.Event()
         self._schemas: dict[str, object] = {}
         self._lock = threading.Lock()
+        self.safe: dict[str, int] = {}
+        self.news = threading.Condition()
+
+    def learn_safe(self, feed_id: str, safe: int) -> None:
+        """The driver's safe count of a feed, heard with data: it only rises (equal steps)."""
+        with self.news:
+            if safe > self.safe.get(feed_id, 0):
+                self.safe[feed_id] = safe
+                while len(self.safe) > KEEP_SAFE:
+                    self.safe.pop(next(iter(self.safe)))
+                self.news.notify_all()
+
+    def forget_safe(self, feed_id: str) -> None:
+        with self.news:
+            self.safe.pop(feed_id, None)
 
     def check_schema(self, feed_id: str, schema, where: str) -> None:
         """FeedError naming ``where`` (partition and row) if ``schema`` drifts from the feed's first."""
@@ -112,7 +132,8 @@ class FeedQueue:
 
 class FeedHub:
     """TCP server in the TF process. Spark tasks connect with the cluster secret and stream
-    ``FeedBegin``, Arrow data frames and ``FeedPartitionEnd``; the driver sends ``FeedEnd``."""
+    ``FeedBegin``, Arrow data frames (in a gated train feed, ``FeedSafe`` before some) and
+    ``FeedPartitionEnd``; the driver sends ``FeedEnd``."""
 
     def __init__(self, secret: str, queue_chunks: int = 4, on_terminate=None, gate_client=None):
         self.on_terminate = on_terminate  # called with the queue name when main_fun terminates a feed
@@ -175,6 +196,11 @@ class FeedHub:
                 self.bytes_received += len(value)
                 if batch.num_rows:
                     q.put(Data(batch, origin, begin.feed_id), self._stop)
+                continue
+            if isinstance(value, M.FeedSafe):
+                if not (begin.train and begin.uneven) or value.safe < 0:
+                    raise ProtocolError(f"FeedSafe({value.safe}) in a feed without equal steps or below 0")
+                q.learn_safe(begin.feed_id, value.safe)
                 continue
             if not isinstance(value, M.FeedPartitionEnd):
                 raise ProtocolError(f"unexpected {type(value).__name__} in a feed")

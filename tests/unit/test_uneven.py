@@ -275,6 +275,26 @@ def test_the_safe_count_comes_with_the_data_so_readers_rarely_ask_the_driver(pat
     assert all(1 <= r <= 20 for r in requests), requests
 
 
+def test_a_node_hears_the_safe_count_when_another_node_is_sent_the_chunk_that_raises_it(path):
+    from tfos.feed import arrow
+    from tfos.feed.executor.producer import _Sender
+
+    cfg = M.FeedConfig("c", path.secret, "127.0.0.1", path.service.port, "f9", "input", 30.0, (0, 1),
+                       tuple((i, "127.0.0.1", h.port) for i, h in enumerate(path.hubs)), None, "drop")
+    sender = _Sender(cfg, 0, train=True)
+    chunk = arrow.rows_to_batch([(k, float(k)) for k in range(100)])
+    try:
+        sender.send(0, chunk, safe=0)  # node 0 is ahead: nothing of it is safe yet
+        sender.send(1, chunk, safe=100)  # node 1's chunk makes node 0's 100 rows safe
+        sender.announce(100)
+        deadline = time.monotonic() + 10
+        while path.hubs[0].queue("input").safe.get("f9") != 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [h.queue("input").safe.get("f9") for h in path.hubs] == [100, 100]
+    finally:
+        sender.close()
+
+
 def test_dataset_blocks_respect_the_gate(path):
     tf = pytest.importorskip("tensorflow")
     barrier = threading.Barrier(2, timeout=30)

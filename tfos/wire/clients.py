@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 
 from tfos.errors import ProtocolError, RequestRefused, TFOSTimeoutError
@@ -195,6 +196,13 @@ class FeedClient:
     def send_safe(self, safe: int) -> None:
         """The driver's safe count, ahead of the next data frame (a gated train feed)."""
         self.ch.send(M.FeedSafe(safe))
+
+    def writable(self) -> bool:
+        """The connection takes a small frame now without blocking (its hub is not backed up)."""
+        try:
+            return bool(select.select([], [self.ch.sock], [], 0)[1])
+        except (OSError, ValueError):
+            return False
 
     def end_partition(self, rows: int) -> None:
         self.ch.send(M.FeedPartitionEnd(rows))

@@ -138,6 +138,22 @@ class _Sender:
         self.rows[node] += batch.num_rows
         self.rows_checked += batch.num_rows
 
+    def announce(self, safe: int) -> None:
+        """The driver's ``safe`` count to every node this partition feeds that has not heard it: a
+        node learns that its rows are readable when another node is sent the chunk that makes
+        them so. Only to a connection that takes it without blocking (news is an optimisation: a
+        node without it asks the driver); one that fails here is left to the next send or
+        ``finish`` to report."""
+        if not self.gated:
+            return
+        for node, client in self.clients.items():
+            if safe > self.safe_sent.get(node, 0) and client.writable():
+                try:
+                    client.send_safe(safe)
+                except (OSError, ChannelClosed):
+                    continue
+                self.safe_sent[node] = safe
+
     def finish(self, finished_reading=lambda node: False) -> None:
         for node, client in self.clients.items():
             try:
@@ -184,6 +200,7 @@ def _send_pieces(sender: _Sender, driver: DriverClient, feed_id: str, batch: pa.
             pieces = again + pieces
             continue
         offset += rows
+    sender.announce(safe)
     return True
 
 

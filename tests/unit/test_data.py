@@ -146,6 +146,54 @@ def test_hadoop_classpath_is_set_from_the_hadoop_command(monkeypatch, tmp_path):
     assert os.environ["CLASSPATH"] == "/x/hadoop-common.jar"
 
 
+_RESOLVE = {"nn.example": "10.0.0.5", "localhost": "127.0.0.1"}.__getitem__
+
+
+@pytest.mark.parametrize("base,core,tokens,expected", [
+    # no token file: hdfs-native's own choice (Kerberos ticket, or simple auth)
+    ("hdfs://nn.example:8020", {}, None, "hdfs://nn.example:8020"),
+    ("hdfs://", {"fs.defaultFS": "hdfs://nn.example:8020"}, None, None),
+    # tokens, NameNode named by host name: its address, as Hadoop names the token's service
+    ("hdfs://nn.example:8020", {}, "/c/tokens", "hdfs://10.0.0.5:8020"),
+    ("hdfs://", {"fs.defaultFS": "hdfs://nn.example:8020"}, "/c/tokens", "hdfs://10.0.0.5:8020"),
+    ("hdfs://", {"fs.default.name": "hdfs://localhost:9000"}, "/c/tokens", "hdfs://127.0.0.1:9000"),
+    # left alone: an address, an HA nameservice (tokens "ha-hdfs:ns"), viewfs, use_ip off, no port
+    ("hdfs://10.0.0.5:8020", {}, "/c/tokens", "hdfs://10.0.0.5:8020"),
+    ("hdfs://ns1", {}, "/c/tokens", "hdfs://ns1"),
+    ("hdfs://", {"fs.defaultFS": "hdfs://ns1"}, "/c/tokens", None),
+    ("viewfs://cluster", {}, "/c/tokens", "viewfs://cluster"),
+    ("hdfs://nn.example:8020", {"hadoop.security.token.service.use_ip": " False"}, "/c/tokens",
+     "hdfs://nn.example:8020"),
+    ("hdfs://unknown.example:8020", {}, "/c/tokens", "hdfs://unknown.example:8020"),  # hdfs-native says
+])
+def test_hdfs_client_url_matches_the_delegation_token_service(base, core, tokens, expected):
+    from tfos.data.hdfs import client_url
+
+    def resolve(host):
+        if host not in ("nn.example", "localhost"):
+            raise OSError(f"unknown host {host}")
+        return _RESOLVE(host)
+
+    assert client_url(base, core, tokens, resolve) == expected
+
+
+@pytest.mark.parametrize("text,fix", [
+    ('GSSAPIError(GssMajorCodes { raw: "0x00070000", routine_error: "GSS_S_NO_CRED" }, "No Kerberos credentials '
+     'available (default cache: FILE:/tmp/krb5cc_0)")', True),
+    ("NoSASLMechanism", True),
+    ("Connection refused (os error 111)", False),
+])
+def test_missing_kerberos_credentials_name_the_fix(text, fix):
+    from tfos.data.hdfs import _hadoop_error
+
+    err = _hadoop_error(RuntimeError(text), "hdfs://nn:8020")
+    assert isinstance(err, HadoopConfigError) == fix
+    if fix:
+        for needle in ("kinit", "KRB5_CLIENT_KTNAME", "--principal and --keytab", "HADOOP_TOKEN_FILE_LOCATION",
+                       "hdfs://nn:8020"):
+            assert needle in str(err), needle
+
+
 # --------------------------------------------------------------------------- sharding
 
 def _check_partition(files, shards):

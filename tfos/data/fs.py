@@ -235,27 +235,32 @@ def _connect_hadoop(uri: str):
     return fs
 
 
-def core_site_default_fs(xml_text: str) -> str | None:
-    """Pure: ``fs.defaultFS`` (or its old name ``fs.default.name``) from a core-site.xml text;
-    None if it sets neither or is not valid XML."""
+def site_properties(xml_text: str) -> dict[str, str]:
+    """Pure: the properties of a Hadoop ``*-site.xml`` text ({} if it is not valid XML)."""
     import xml.etree.ElementTree as ET
 
     try:
         root = ET.fromstring(xml_text)
     except ET.ParseError:
-        return None
+        return {}
     found = {}
     for prop in root.iter("property"):
         name, value = prop.findtext("name"), prop.findtext("value")
         if name and value:
             found[name.strip()] = value.strip()
+    return found
+
+
+def core_site_default_fs(xml_text: str) -> str | None:
+    """Pure: ``fs.defaultFS`` (or its old name ``fs.default.name``) from a core-site.xml text;
+    None if it sets neither or is not valid XML."""
+    found = site_properties(xml_text)
     return found.get("fs.defaultFS") or found.get("fs.default.name")
 
 
-def hadoop_default_fs(environ=os.environ, read=None) -> str:
-    """The Hadoop default filesystem as this host's Hadoop configuration gives it: core-site.xml in
-    ``$HADOOP_CONF_DIR``, then ``$HADOOP_HOME/etc/hadoop``; ``file:///`` without one. A Spark
-    Connect client cannot ask the driver JVM, so tfos's barrier tasks ask their executor host."""
+def hadoop_core_site(environ=os.environ, read=None) -> dict[str, str]:
+    """This host's core-site.xml properties: ``$HADOOP_CONF_DIR``, then ``$HADOOP_HOME/etc/hadoop``
+    (the first that holds one); {} without one."""
     def read_file(path):
         with open(path, encoding="utf-8") as f:
             return f.read(1 << 20)
@@ -266,12 +271,18 @@ def hadoop_default_fs(environ=os.environ, read=None) -> str:
         dirs.append(os.path.join(environ["HADOOP_HOME"], "etc", "hadoop"))
     for d in filter(None, dirs):
         try:
-            fs = core_site_default_fs(read(os.path.join(d, "core-site.xml")))
+            return site_properties(read(os.path.join(d, "core-site.xml")))
         except OSError:
             continue
-        if fs:
-            return fs
-    return "file:///"
+    return {}
+
+
+def hadoop_default_fs(environ=os.environ, read=None) -> str:
+    """The Hadoop default filesystem as this host's Hadoop configuration gives it: core-site.xml in
+    ``$HADOOP_CONF_DIR``, then ``$HADOOP_HOME/etc/hadoop``; ``file:///`` without one. A Spark
+    Connect client cannot ask the driver JVM, so tfos's barrier tasks ask their executor host."""
+    core = hadoop_core_site(environ, read)
+    return core.get("fs.defaultFS") or core.get("fs.default.name") or "file:///"
 
 
 def spark_default_fs(sc) -> str:

@@ -13,8 +13,11 @@ process that touches files; imports hdfs-native and pyarrow lazily.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
 import shutil
+import socket
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -40,15 +43,80 @@ def hdfs_filesystem(uri: str) -> pafs.PyFileSystem:
     return pafs.PyFileSystem(HdfsNativeHandler(f"{parts.scheme}://{parts.netloc}"))
 
 
+def client_url(base: str, core: dict, token_file: str | None, resolve=socket.gethostbyname) -> str | None:
+    """The URL hdfs-native connects to for ``base`` (None: fs.defaultFS, as it reads it).
+
+    hdfs-native authenticates with the delegation token whose service is its URL's ``host:port``,
+    character for character. Hadoop names a non-HA NameNode's tokens by IP (``ip:port``, unless
+    ``hadoop.security.token.service.use_ip`` is false), so on a YARN container (tokens in
+    ``HADOOP_TOKEN_FILE_LOCATION``, no Kerberos ticket) a NameNode named by host name would not
+    find its token: with a token file, a host name becomes its address. An HA nameservice, a
+    ``viewfs://`` URL or an address is left as it is. Pure but for ``resolve``."""
+    parts = urlsplit(base)
+    url = base if parts.netloc else None
+    default = urlsplit(core.get("fs.defaultFS") or core.get("fs.default.name") or "")
+    target = parts if parts.netloc else default
+    if (not token_file or target.scheme != "hdfs" or target.port is None or not target.hostname
+            or core.get("hadoop.security.token.service.use_ip", "true").strip().lower() == "false"):
+        return url
+    try:
+        ipaddress.ip_address(target.hostname)
+        return url
+    except ValueError:
+        pass
+    try:
+        address = resolve(target.hostname)
+    except OSError:
+        return url  # hdfs-native reports the name it cannot reach
+    return f"hdfs://{address}:{target.port}"
+
+
+#: what a user does about an HDFS that asks for Kerberos when this process has no credentials
+KERBEROS_FIX = ("this process has no Kerberos credentials for HDFS: run kinit (or point KRB5_CLIENT_KTNAME at a "
+                "keytab) where the driver runs; on YARN give spark-submit --principal and --keytab (or kinit "
+                "before it) so that Spark puts HDFS delegation tokens in every container "
+                "(HADOOP_TOKEN_FILE_LOCATION), which the TF processes inherit")
+
+
+def _hadoop_error(e: BaseException, base: str) -> BaseException:
+    """An hdfs-native error as the user should see it: missing Kerberos credentials name the fix."""
+    text = str(e)
+    if "GSS_S_NO_CRED" in text or "NoSASLMechanism" in text:
+        return HadoopConfigError(f"{base}: {KERBEROS_FIX}. hdfs-native said: {text[:500]}")
+    return e
+
+
+class _Client:
+    """An ``hdfs_native.Client`` whose calls raise :func:`_hadoop_error`'s errors."""
+
+    def __init__(self, client, base: str):
+        self._client, self._base = client, base
+
+    def __getattr__(self, name):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except RuntimeError as e:
+                raise _hadoop_error(e, self._base) from e
+        return call
+
+
 class HdfsNativeHandler(pafs.FileSystemHandler):
     """``pyarrow.fs.FileSystemHandler`` over an ``hdfs_native.Client`` (paths are absolute HDFS paths)."""
 
     def __init__(self, base: str):
         import hdfs_native
 
+        from tfos.data.fs import hadoop_core_site
+
         self.base = base
+        url = client_url(base, hadoop_core_site(), os.environ.get("HADOOP_TOKEN_FILE_LOCATION"))
         try:  # no authority (hdfs:///path): fs.defaultFS of the configuration
-            self.client = hdfs_native.Client(base if urlsplit(base).netloc else None)
+            self.client = _Client(hdfs_native.Client(url), base)
         except Exception as e:  # no fs.defaultFS for hdfs:///, an unknown nameservice, ...
             raise HadoopConfigError(f"cannot connect to {base}: {e}. Set HADOOP_CONF_DIR to the cluster's "
                                     "configuration (core-site.xml with fs.defaultFS, hdfs-site.xml)") from e

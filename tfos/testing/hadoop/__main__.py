@@ -18,6 +18,9 @@ def main(argv=None) -> int:
                     "arguments, e.g. -ls -R /tmp (what 'hdfs dfs' takes)")
     ap.add_argument("--dir", type=Path, help="cluster directory (up, down)")
     ap.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness")
+    ap.add_argument("--kerberos", action="store_true", help="up: a MiniKdc first, and HDFS that asks for Kerberos "
+                    "(prints the KRB5_* settings of its test user)")
+    ap.add_argument("--no-yarn", action="store_true", help="up: HDFS alone, no ResourceManager or NodeManagers")
     ns, extra = ap.parse_known_args(argv)  # yarn's own options (-list, -kill) are not ours
     if extra and ns.action not in ("yarn", "fs"):
         ap.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -41,9 +44,14 @@ def main(argv=None) -> int:
         elif ns.action == "down":  # needs only the pids file
             HadoopCluster(ns.dir).stop()
         else:
-            cluster = HadoopCluster(ns.dir, timeout=ns.timeout).start()
-            _say(f"fs.defaultFS={cluster.default_fs} webhdfs=http://{cluster.webhdfs_address} "
-                 f"rm={cluster.rm_address} rm_web=http://{cluster.rm_webapp_address}")
+            cluster = HadoopCluster(ns.dir, timeout=ns.timeout, kerberos=ns.kerberos, yarn=not ns.no_yarn).start()
+            _say(f"fs.defaultFS={cluster.default_fs} webhdfs=http://{cluster.webhdfs_address}" +
+                 (f" rm={cluster.rm_address} rm_web=http://{cluster.rm_webapp_address}" if cluster.yarn else ""))
+            if cluster.kerberos:
+                from tfos.testing.hadoop import kerberos
+
+                for key, value in kerberos.client_env(cluster.kdc_dir).items():
+                    _say(f"export {key}={value}")
             _say(f"export HADOOP_CONF_DIR={cluster.conf_dir}")
     except HadoopClusterError as e:
         logging.getLogger(__name__).error("error: %s", e)

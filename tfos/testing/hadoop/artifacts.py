@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 HADOOP_VERSION = "3.5.0"
 ARTIFACTS = ("hadoop-common", "hadoop-hdfs", "hadoop-hdfs-client", "hadoop-yarn-client",
              "hadoop-yarn-server-resourcemanager", "hadoop-yarn-server-nodemanager",
-             "hadoop-yarn-server-timelineservice")  # the RM web app needs its classes
+             "hadoop-yarn-server-timelineservice",  # the RM web app needs its classes
+             "hadoop-minikdc")  # the KDC of the Kerberos cluster
 FS_SHELL = "org.apache.hadoop.fs.FsShell"                              # -ls /
 YARN_LOGS = "org.apache.hadoop.yarn.client.cli.LogsCLI"                # -applicationId ID
 YARN_APPLICATION = "org.apache.hadoop.yarn.client.cli.ApplicationCLI"  # application -list
@@ -33,7 +34,8 @@ NAMENODE = "org.apache.hadoop.hdfs.server.namenode.NameNode"
 DATANODE = "org.apache.hadoop.hdfs.server.datanode.DataNode"
 RESOURCEMANAGER = "org.apache.hadoop.yarn.server.resourcemanager.ResourceManager"
 NODEMANAGER = "org.apache.hadoop.yarn.server.nodemanager.NodeManager"
-HEAPS = {NAMENODE: "512m", RESOURCEMANAGER: "512m", DATANODE: "256m", NODEMANAGER: "384m"}
+MINIKDC = "org.apache.hadoop.minikdc.MiniKdc"
+HEAPS = {NAMENODE: "512m", RESOURCEMANAGER: "512m", DATANODE: "256m", NODEMANAGER: "384m", MINIKDC: "128m"}
 # C1 only and the serial collector: quick start-up and few threads on a small test box.
 JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true")
 # hadoop-hdfs 3.5.0 on Maven Central has no webapps/ resources, and the NameNode and

@@ -1,6 +1,8 @@
 """The daemons of the Hadoop test cluster: a NameNode and a ResourceManager, and a DataNode and a
 NodeManager per worker host, each its own JVM (Java 17, Hadoop 3.5.0 jars from
-:mod:`tfos.testing.hadoop.artifacts`), their configuration, readiness and their end."""
+:mod:`tfos.testing.hadoop.artifacts`), their configuration, readiness and their end. With
+``kerberos=True`` a MiniKdc (:mod:`tfos.testing.hadoop.kerberos`) runs first and HDFS asks for
+Kerberos; ``yarn=False`` starts HDFS alone."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from pathlib import Path
 from typing import Callable
 from xml.sax.saxutils import escape
 
-from tfos.testing.hadoop.artifacts import (DATANODE, FS_SHELL, HADOOP_VERSION, HEAPS, JVM_FLAGS, NAMENODE,
+from tfos.testing.hadoop import kerberos
+from tfos.testing.hadoop.artifacts import (DATANODE, FS_SHELL, HADOOP_VERSION, HEAPS, JVM_FLAGS, MINIKDC, NAMENODE,
                                            NODEMANAGER, RESOURCEMANAGER, HadoopClusterError, _LOG4J, cache_dir,
                                            fetch)
 
@@ -83,6 +86,20 @@ def _descendants(roots: list[int]) -> list[int]:
     return out
 
 
+def processes_of(base_dir) -> list[int]:
+    """Pids of every live process started for the cluster in ``base_dir`` (its marker on the command line)."""
+    marker = f"-Dtfos.hadoop.cluster={Path(base_dir).resolve()}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 class HadoopCluster:
     """NameNode + ResourceManager on ``host``, a DataNode + NodeManager on each of ``workers``.
 
@@ -94,8 +111,10 @@ class HadoopCluster:
     def __init__(self, base_dir, *, host: str = "127.0.0.1", workers=("127.0.0.1", "127.0.0.1"),
                  nm_memory_mb: int = 4096, nm_vcores: int = 2, java: str = "java",
                  version: str = HADOOP_VERSION, timeout: float = 180, mvn: str = "mvn",
-                 launcher: Callable[[str], list[str]] | None = None):
+                 launcher: Callable[[str], list[str]] | None = None, kerberos: bool = False, yarn: bool = True):
         self.dir = Path(base_dir).resolve()
+        self.kerberos, self.yarn = kerberos, yarn
+        self.kdc_dir = self.dir / "kdc"
         self.host, self.workers, self.launcher = host, list(workers), launcher
         self.nm_memory_mb, self.nm_vcores = nm_memory_mb, nm_vcores
         self.java = shutil.which(java) or java
@@ -111,7 +130,8 @@ class HadoopCluster:
             meta = json.loads((Path(base_dir) / "cluster.json").read_text())
         except (OSError, ValueError) as e:
             raise HadoopClusterError(f"no cluster description in {base_dir}: {e}") from e
-        cluster = cls(base_dir, host=meta["host"], workers=meta["workers"], **kw)
+        cluster = cls(base_dir, host=meta["host"], workers=meta["workers"], kerberos=meta.get("kerberos", False),
+                      yarn=meta.get("yarn", True), **kw)
         cluster.ports = meta["ports"]
         return cluster
 
@@ -161,6 +181,9 @@ class HadoopCluster:
                     "yarn.scheduler.capacity.root.default.maximum-capacity": "100",
                     "yarn.scheduler.capacity.maximum-am-resource-percent": "0.5",
                     "yarn.scheduler.capacity.node-locality-delay": "-1"}
+        if self.kerberos:
+            secure = kerberos.site(self.kdc_dir / "tfos.keytab")
+            core, hdfs = {**core, **secure["core-site.xml"]}, {**hdfs, **secure["hdfs-site.xml"]}
         return {"core-site.xml": core, "hdfs-site.xml": hdfs, "yarn-site.xml": yarn,
                 "capacity-scheduler.xml": capacity}
 
@@ -185,16 +208,21 @@ class HadoopCluster:
 
     # -- processes --------------------------------------------------------
     def _env(self, conf: Path) -> dict:
-        return {**os.environ, "JAVA_HOME": str(Path(self.java).resolve().parents[1]),
-                "HADOOP_CONF_DIR": str(conf), "HADOOP_USER_NAME": os.environ.get("HADOOP_USER_NAME", "root")}
+        env = {**os.environ, "JAVA_HOME": str(Path(self.java).resolve().parents[1]),
+               "HADOOP_CONF_DIR": str(conf), "HADOOP_USER_NAME": os.environ.get("HADOOP_USER_NAME", "root")}
+        if self.kerberos:  # Hadoop's Java clients read the ticket cache that kerberos.login() fills
+            env["KRB5CCNAME"] = kerberos.client_env(self.kdc_dir)["KRB5CCNAME"]
+        return env
 
     def _java(self, conf: Path, main: str, *args: str, logger: str = "INFO", heap: str = "256m",
               extra: tuple = ()) -> list[str]:
+        if self.kerberos:
+            extra = (*extra, f"-Djava.security.krb5.conf={self.kdc_dir / 'krb5.conf'}")
         return [self.java, f"-Xmx{heap}", *JVM_FLAGS, *extra, f"-Dhadoop.log.dir={self.dir / 'logs'}",
                 f"-Dhadoop.root.logger={logger},console", "-cp", self.classpath(conf), main, *args]
 
-    def _spawn(self, name: str, main: str, conf: Path, pids: dict, host: str | None = None) -> None:
-        cmd = self._java(conf, main, heap=HEAPS[main], extra=(self._marker,))
+    def _spawn(self, name: str, main: str, conf: Path, pids: dict, host: str | None = None, args=()) -> None:
+        cmd = self._java(conf, main, *args, heap=HEAPS[main], extra=(self._marker,))
         if host is not None and self.launcher is not None:
             cmd = [*self.launcher(host), *cmd]
         logf = self.dir / "logs" / f"{name}.log"
@@ -240,6 +268,8 @@ class HadoopCluster:
                 out.append(f"HDFS: {bean['NumLiveDataNodes']}/{n} live DataNodes, state {bean['FSState']}")
         except (OSError, ValueError, KeyError, IndexError) as e:
             out.append(f"NameNode JMX at {self.webhdfs_address}: {e}")
+        if not self.yarn:
+            return "; ".join(out)
         try:
             nodes = (self.rm_rest("nodes")
                      .get("nodes") or {}).get("node", [])
@@ -277,10 +307,16 @@ class HadoopCluster:
         self.ports = {k: free_port(self.host, taken) for k in
                       ("nn_rpc", "nn_http", "rm", "rm_scheduler", "rm_tracker", "rm_admin", "rm_web")}
         (self.dir / "cluster.json").write_text(
-            json.dumps({"ports": self.ports, "host": self.host, "workers": self.workers}, indent=1))
+            json.dumps({"ports": self.ports, "host": self.host, "workers": self.workers, "kerberos": self.kerberos,
+                        "yarn": self.yarn}, indent=1))
         self._write_conf(self.conf_dir)
         pids: dict[str, int] = {}
         try:
+            if self.kerberos:  # the KDC first: the daemons log in from its keytab
+                shutil.rmtree(self.kdc_dir, ignore_errors=True)
+                self.kdc_dir.mkdir(mode=0o700)
+                self._spawn("kdc", MINIKDC, self.conf_dir, pids, args=kerberos.kdc_args(self.kdc_dir))
+                kerberos.wait_ready(self.dir / "logs" / "kdc.log", lambda: _alive(pids["kdc"]), self.timeout)
             fmt = subprocess.run(self._java(self.conf_dir, NAMENODE, "-format", "-force", "-nonInteractive"),
                                  capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
                                  env=self._env(self.conf_dir))
@@ -288,21 +324,25 @@ class HadoopCluster:
             if fmt.returncode != 0:
                 raise HadoopClusterError(f"NameNode format failed: {fmt.stderr[-3000:]}")
             self._spawn("namenode", NAMENODE, self.conf_dir, pids)
-            self._spawn("resourcemanager", RESOURCEMANAGER, self.conf_dir, pids)
+            if self.yarn:
+                self._spawn("resourcemanager", RESOURCEMANAGER, self.conf_dir, pids)
             for i, host in enumerate(self.workers):
                 conf = self.dir / "daemons" / f"worker-{i}" / "conf"
                 self._write_conf(conf, self._worker_overrides(i, host))
                 self._spawn(f"datanode-{i}", DATANODE, conf, pids, host)
-                self._spawn(f"nodemanager-{i}", NODEMANAGER, conf, pids, host)
+                if self.yarn:
+                    self._spawn(f"nodemanager-{i}", NODEMANAGER, conf, pids, host)
             self._wait_ready(pids)
+            if self.kerberos:
+                kerberos.login(self.kdc_dir, self.default_fs, self.conf_dir)
         except BaseException:
             try:
                 self.stop()
             except HadoopClusterError:
                 log.exception("clean-up after the failed start failed too")
             raise
-        log.info("Hadoop cluster up in %.1fs: %s, RM %s", time.monotonic() - t0, self.default_fs,
-                 self.rm_address)
+        log.info("Hadoop cluster up in %.1fs: %s%s%s", time.monotonic() - t0, self.default_fs,
+                 f", RM {self.rm_address}" if self.yarn else "", ", Kerberos" if self.kerberos else "")
         return self
 
     def _pids(self) -> dict[str, int]:

@@ -1,0 +1,126 @@
+"""HDFS that asks for Kerberos (a MiniKdc from Maven Central and the NameNode and DataNodes logged
+in from its keytab: ``python -m tfos.testing.hadoop up --kerberos --no-yarn``), reached by
+tfos.data and the TF process's TFRecord reader with the credentials a user has: a keytab (or a
+kinit ticket), or, as in a YARN container, HDFS delegation tokens alone. Without credentials the
+error names the fix. Each case runs in a fresh process with only its own credentials."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tfos.testing.hadoop import HadoopCluster
+from tfos.testing.hadoop.cluster import processes_of
+
+FETCH_TOKEN = "org.apache.hadoop.hdfs.tools.DelegationTokenFetcher"  # what 'hdfs fetchdt' runs
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    base = tmp_path_factory.mktemp("secure-hadoop")
+    up = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "up", "--dir", str(base), "--kerberos",
+                         "--no-yarn"], capture_output=True, text=True, timeout=1800)
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-4000:]
+    exports = dict(line[len("export "):].split("=", 1) for line in up.stdout.splitlines()
+                   if line.startswith("export "))
+    assert set(exports) == {"KRB5_CONFIG", "KRB5CCNAME", "KRB5_CLIENT_KTNAME", "HADOOP_CONF_DIR"}
+    cluster = HadoopCluster.attach(base)
+    try:
+        records = base / "part-00000.tfrecord"
+        from tfos.data.tfrecord import tfrecord_frame
+
+        records.write_bytes(b"".join(tfrecord_frame(f"r{i}".encode()) for i in range(20)))
+        cluster.fs("-mkdir", "-p", "/secure")  # Hadoop's own client, with the ticket `up` obtained
+        cluster.fs("-put", str(records), "/secure/")
+        yield cluster, exports
+    finally:
+        down = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "down", "--dir", str(base)],
+                              capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr[-3000:]
+        left = processes_of(base)
+        assert not left, f"processes left after down: {left}"
+
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    from tfos import data
+    from tfos.data.fs import _resolve
+
+    uri, read_records = sys.argv[1], sys.argv[2] == "records"
+    out = {}
+    try:
+        files = data.list_files(uri, pattern="*.tfrecord")
+        out["files"] = [f.rsplit("/", 1)[1] for f in files]
+        if read_records:  # TensorFlow's TFRecordDataset, fed by tfos's reader process
+            out["records"] = sorted(r.decode() for r in data.tfrecord_dataset(files).as_numpy_iterator())
+            fs, path, _ = _resolve(uri + "/written.bin")
+            with fs.open_output_stream(path) as w:
+                w.write(b"from a Kerberos client")
+            with fs.open_input_stream(path) as r:
+                out["written"] = r.read().decode()
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(out))
+""")
+
+
+def _client(secure, tmp_path, uri, *, keytab=False, tokens=None, conf=None, read_records=False):
+    """CHILD in a fresh process: the realm's krb5.conf, an empty ticket cache of its own, and only
+    the credentials asked for."""
+    cluster, exports = secure
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRB5") and k != "HADOOP_TOKEN_FILE_LOCATION"}
+    env.update(HADOOP_CONF_DIR=str(conf or exports["HADOOP_CONF_DIR"]), KRB5_CONFIG=exports["KRB5_CONFIG"],
+               KRB5CCNAME=f"FILE:{tmp_path / 'ccache'}")
+    if keytab:
+        env["KRB5_CLIENT_KTNAME"] = exports["KRB5_CLIENT_KTNAME"]
+    if tokens:
+        env["HADOOP_TOKEN_FILE_LOCATION"] = str(tokens)
+    proc = subprocess.run([sys.executable, "-c", CHILD, uri, "records" if read_records else "list"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_keytab_reads_records_and_writes(secure, tmp_path):
+    cluster, _ = secure
+    got = _client(secure, tmp_path, f"{cluster.default_fs}/secure", keytab=True, read_records=True)
+    assert got == {"files": ["part-00000.tfrecord"], "records": sorted(f"r{i}" for i in range(20)),
+                   "written": "from a Kerberos client"}
+
+
+def test_without_credentials_the_error_names_the_fix(secure, tmp_path):
+    cluster, _ = secure
+    got = _client(secure, tmp_path, f"{cluster.default_fs}/secure")
+    assert got["error"].startswith("HadoopConfigError: ")
+    for needle in ("no Kerberos credentials", "kinit", "--principal and --keytab", "HADOOP_TOKEN_FILE_LOCATION",
+                   "GSS_S_NO_CRED"):
+        assert needle in got["error"], needle
+
+
+def test_delegation_tokens_alone_reach_a_namenode_named_by_host_name(secure, tmp_path):
+    """As in a YARN container: no ticket, the job's HDFS token in HADOOP_TOKEN_FILE_LOCATION. Hadoop
+    names the token's service by the NameNode's address (127.0.0.1:port); the user names the
+    NameNode by host name (localhost:port), in the URI or in fs.defaultFS."""
+    cluster, exports = secure
+    tokens = tmp_path / "tokens"
+    cluster.hadoop_cli([FETCH_TOKEN, "--renewer", "tfos", str(tokens)])  # 'hdfs fetchdt', with the ticket
+    port = cluster.ports["nn_rpc"]
+    by_name = f"hdfs://localhost:{port}"
+    got = _client(secure, tmp_path, f"{by_name}/secure", tokens=tokens, read_records=True)
+    assert got.get("records") == sorted(f"r{i}" for i in range(20)), got
+    conf = tmp_path / "conf"  # the same cluster, fs.defaultFS by host name
+    shutil.copytree(exports["HADOOP_CONF_DIR"], conf)
+    core = conf / "core-site.xml"
+    core.write_text(core.read_text().replace(cluster.default_fs, by_name))
+    assert _client(secure, tmp_path, "hdfs:///secure", tokens=tokens, conf=conf) == {"files": ["part-00000.tfrecord"]}
+    # why tfos connects by address: hdfs-native looks the token up by the URL's host:port as written
+    raw = subprocess.run([sys.executable, "-c", "import sys, hdfs_native; hdfs_native.Client(sys.argv[1]).get_file_info('/')",
+                          by_name], capture_output=True, text=True, timeout=120,
+                         env={**{k: v for k, v in os.environ.items() if not k.startswith("KRB5")},
+                              "HADOOP_CONF_DIR": str(conf), "KRB5_CONFIG": exports["KRB5_CONFIG"],
+                              "KRB5CCNAME": f"FILE:{tmp_path / 'raw-ccache'}", "HADOOP_TOKEN_FILE_LOCATION": str(tokens)})
+    assert raw.returncode != 0 and "GSS_S_NO_CRED" in raw.stderr

@@ -1,11 +1,13 @@
-"""HDFS that asks for Kerberos (a MiniKdc from Maven Central and the NameNode and DataNodes logged
-in from its keytab: ``python -m tfos.testing.hadoop up --kerberos --no-yarn``), reached by
-tfos.data and the TF process's TFRecord reader with the credentials a user has: a keytab (or a
-kinit ticket), or, as in a YARN container, HDFS delegation tokens alone. Without credentials the
-error names the fix. Each case runs in a fresh process with only its own credentials."""
+"""A Kerberos Hadoop cluster (a MiniKdc from Maven Central; every daemon logs in from its keytab:
+``python -m tfos.testing.hadoop up --kerberos``). HDFS is reached by tfos.data and the TF process's
+TFRecord reader with the credentials a user has: a keytab (or a kinit ticket), or, as in a YARN
+container, HDFS delegation tokens alone; without credentials the error names the fix (each case
+in a fresh process with only its own credentials). And the digits example trains under
+``spark-submit --principal --keytab`` on its YARN, the containers holding only the job's tokens."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,8 +15,11 @@ import textwrap
 
 import pytest
 
-from tfos.testing.hadoop import HadoopCluster
+from tfos.testing import wait_no_tfos_processes
+from tfos.testing.hadoop import HadoopCluster, yarn
 from tfos.testing.hadoop.cluster import processes_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FETCH_TOKEN = "org.apache.hadoop.hdfs.tools.DelegationTokenFetcher"  # what 'hdfs fetchdt' runs
 
@@ -22,8 +27,8 @@ FETCH_TOKEN = "org.apache.hadoop.hdfs.tools.DelegationTokenFetcher"  # what 'hdf
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
     base = tmp_path_factory.mktemp("secure-hadoop")
-    up = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "up", "--dir", str(base), "--kerberos",
-                         "--no-yarn"], capture_output=True, text=True, timeout=1800)
+    up = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "up", "--dir", str(base), "--kerberos"],
+                        capture_output=True, text=True, timeout=1800)
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-4000:]
     exports = dict(line[len("export "):].split("=", 1) for line in up.stdout.splitlines()
                    if line.startswith("export "))
@@ -124,3 +129,35 @@ def test_delegation_tokens_alone_reach_a_namenode_named_by_host_name(secure, tmp
                               "HADOOP_CONF_DIR": str(conf), "KRB5_CONFIG": exports["KRB5_CONFIG"],
                               "KRB5CCNAME": f"FILE:{tmp_path / 'raw-ccache'}", "HADOOP_TOKEN_FILE_LOCATION": str(tokens)})
     assert raw.returncode != 0 and "GSS_S_NO_CRED" in raw.stderr
+
+
+@pytest.mark.slow
+def test_spark_submit_with_a_keytab_trains_on_kerberos_yarn_with_tokens_alone_in_the_containers(secure, tmp_path):
+    """``spark-submit --principal --keytab``, cluster deploy mode: Spark logs in from the keytab and
+    hands HDFS delegation tokens to every container. The driver (in the ApplicationMaster's
+    container) and the TF processes inherit the NodeManagers' environment, which holds no ticket,
+    so the TFRecords written by Spark, the ranks' reads through tfos.data, the checkpoints, the
+    TensorBoard events and the export all reach HDFS through those tokens."""
+    cluster, _ = secure
+    pids = json.loads((cluster.dir / "pids").read_text())
+    for name in ("nodemanager-0", "nodemanager-1"):
+        with open(f"/proc/{pids[name]}/environ", "rb") as f:
+            assert not [v for v in f.read().split(b"\0") if v.startswith(b"KRB5")], name
+    out = "hdfs:///tmp/secure-yarn"
+    run = yarn.spark_submit(cluster, os.path.join(ROOT, "examples", "digits", "digits_tf.py"),
+                            ["--epochs", "2", "--data-dir", "hdfs:///tmp/secure-yarn-data", "--output-dir", out,
+                             "--export-dir", f"{out}/export"], deploy_mode="cluster", cwd=str(tmp_path))
+    assert run.returncode == 0 and run.app_id, run.describe()
+    report = yarn.application_report(cluster, run.app_id)
+    assert (report["state"], report["finalStatus"]) == ("FINISHED", "SUCCEEDED"), report
+    assert wait_no_tfos_processes(60) == []
+    logs = yarn.local_logs(cluster, run.app_id)  # no log aggregation on this cluster (tfos.testing.hadoop.kerberos)
+    assert sorted(name.rsplit("/", 1)[1] for name in logs if "tfos-node-" in name) == ["tfos-node-0.log",
+                                                                                     "tfos-node-1.log"], list(logs)
+    text = "".join(logs.values())
+    assert float(re.search(r"test accuracy ([\d.]+)", text).group(1)) >= 0.8, list(logs)
+    files = cluster.fs("-ls", "-R", "/tmp").stdout
+    for pattern in (r"/tmp/secure-yarn-data/train/part-\d+\.tfrecord", r"/tmp/secure-yarn/logs/checkpoint/ckpt-\d+\.index",
+                    r"/tmp/secure-yarn/logs/train/events\.out\.tfevents\.", r"/tmp/secure-yarn/export/saved_model\.pb"):
+        line = re.search(rf"^.*{pattern}.*$", files, re.M)
+        assert line and " tfos supergroup " in line.group(0), (pattern, files)  # written as the keytab's user

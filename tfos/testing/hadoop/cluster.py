@@ -184,6 +184,7 @@ class HadoopCluster:
         if self.kerberos:
             secure = kerberos.site(self.kdc_dir / "tfos.keytab")
             core, hdfs = {**core, **secure["core-site.xml"]}, {**hdfs, **secure["hdfs-site.xml"]}
+            yarn = {**yarn, **secure["yarn-site.xml"]}
         return {"core-site.xml": core, "hdfs-site.xml": hdfs, "yarn-site.xml": yarn,
                 "capacity-scheduler.xml": capacity}
 
@@ -207,10 +208,14 @@ class HadoopCluster:
                     "yarn.nodemanager.log-dirs": w / "nm-logs"}}
 
     # -- processes --------------------------------------------------------
-    def _env(self, conf: Path) -> dict:
-        env = {**os.environ, "JAVA_HOME": str(Path(self.java).resolve().parents[1]),
-               "HADOOP_CONF_DIR": str(conf), "HADOOP_USER_NAME": os.environ.get("HADOOP_USER_NAME", "root")}
-        if self.kerberos:  # Hadoop's Java clients read the ticket cache that kerberos.login() fills
+    def _env(self, conf: Path, client: bool = False) -> dict:
+        """A daemon's environment (``client``: a Hadoop client's). No daemon sees a Kerberos ticket
+        or client keytab: the containers inherit the NodeManager's environment, and there only the
+        job's delegation tokens may authenticate."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KRB5") and k != "HADOOP_TOKEN_FILE_LOCATION"}
+        env.update({"JAVA_HOME": str(Path(self.java).resolve().parents[1]), "HADOOP_CONF_DIR": str(conf),
+                    "HADOOP_USER_NAME": os.environ.get("HADOOP_USER_NAME", "root")})
+        if self.kerberos and client:  # Hadoop's Java clients read the ticket cache that kerberos.login() fills
             env["KRB5CCNAME"] = kerberos.client_env(self.kdc_dir)["KRB5CCNAME"]
         return env
 
@@ -239,7 +244,7 @@ class HadoopCluster:
         cmd = self._java(self.conf_dir, *map(str, args), logger="WARN")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input,
-                                  env=self._env(self.conf_dir))
+                                  env=self._env(self.conf_dir, client=True))
         except subprocess.TimeoutExpired as e:
             raise HadoopClusterError(f"{list(args)} did not finish within {timeout:.0f}s") from e
         if check and proc.returncode != 0:

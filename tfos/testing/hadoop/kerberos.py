@@ -52,12 +52,23 @@ def wait_ready(log: Path, pid_alive, timeout: float) -> None:
 
 
 def site(keytab: Path) -> dict[str, dict]:
-    """The security settings of core-site and hdfs-site for a Kerberos HDFS. The DataNodes keep
-    unprivileged ports without SASL on data transfer (``ignore.secure.ports.for.testing``): a test
-    setting, which spares the cluster root ports or TLS keystores; RPC is Kerberos all the same,
-    and block access tokens are on."""
+    """The security settings of core-site, hdfs-site and yarn-site for a Kerberos cluster. Every
+    daemon logs in as ``hdfs/localhost`` (the ResourceManager renews the jobs' HDFS tokens as
+    ``hdfs``). The DataNodes keep unprivileged ports without SASL on data transfer
+    (``ignore.secure.ports.for.testing``): a test setting, which spares the cluster root ports or
+    TLS keystores; RPC is Kerberos all the same, and block access tokens are on. Containers run as
+    the NodeManager's user (the default container executor), as in the rest of the test cluster.
+    Log aggregation is off: with security on it opens container logs through Hadoop's native
+    SecureIO, which Maven's jars lack, and the NodeManager shuts down ("Secure IO is not possible
+    without native code extensions"); container logs stay in the NodeManagers' log dirs
+    (:func:`tfos.testing.hadoop.yarn.local_logs`)."""
     hdfs_service, http = service_principal("hdfs"), service_principal("HTTP")
-    return {"core-site.xml": {"hadoop.security.authentication": "kerberos",
+    return {"yarn-site.xml": {"yarn.resourcemanager.principal": hdfs_service,
+                              "yarn.resourcemanager.keytab": keytab,
+                              "yarn.nodemanager.principal": hdfs_service,
+                              "yarn.nodemanager.keytab": keytab,
+                              "yarn.log-aggregation-enable": "false"},
+            "core-site.xml": {"hadoop.security.authentication": "kerberos",
                               "hadoop.security.auth_to_local": "DEFAULT"},
             "hdfs-site.xml": {"dfs.namenode.kerberos.principal": hdfs_service,
                               "dfs.namenode.keytab.file": keytab,

@@ -94,6 +94,12 @@ def submit_environment(cluster: HadoopCluster, python: str = sys.executable) -> 
                 "TFOS_SERVER_HOST": host_address(),  # every NodeManager runs on this machine
                 "PYSPARK_ARCHIVES_PATH": ",".join("local:" + a for a in archives)})
     env.pop("SPARK_HOME", None)  # the wheel's own Spark, whatever the caller's shell points at
+    if cluster.kerberos:  # the test user after kinit: its ticket for the driver, the realm for every JVM
+        from tfos.testing.hadoop import kerberos
+
+        env.update(kerberos.client_env(cluster.kdc_dir, keytab=False))
+        krb5 = f"-Djava.security.krb5.conf={cluster.kdc_dir / 'krb5.conf'}"
+        env["SPARK_SUBMIT_OPTS"] = f"{env.get('SPARK_SUBMIT_OPTS', '')} {krb5}".strip()
     return env
 
 
@@ -116,6 +122,14 @@ def submit_command(cluster: HadoopCluster, script: str, args=(), *, deploy_mode:
     if pythonpath:  # a source checkout the caller runs from: the containers import the same tfos
         settings["spark.executorEnv.PYTHONPATH"] = pythonpath
         settings["spark.yarn.appMasterEnv.PYTHONPATH"] = pythonpath
+    if cluster.kerberos:  # Spark logs in from the keytab and hands HDFS tokens to every container
+        from tfos.testing.hadoop import kerberos
+
+        krb5 = f"-Djava.security.krb5.conf={cluster.kdc_dir / 'krb5.conf'}"
+        settings.update({"spark.kerberos.principal": kerberos.principal(kerberos.USER),
+                         "spark.kerberos.keytab": str(cluster.kdc_dir / "tfos.keytab"),
+                         "spark.yarn.am.extraJavaOptions": krb5, "spark.executor.extraJavaOptions": krb5,
+                         "spark.driver.extraJavaOptions": krb5})
     settings.update(conf or {})
     submit = os.path.join(os.path.dirname(python), "spark-submit")
     cmd = [submit if os.path.exists(submit) else "spark-submit", "--master", "yarn", "--deploy-mode", deploy_mode,
@@ -160,6 +174,16 @@ def logs(cluster: HadoopCluster, app_id: str, *, want=(), timeout: float = 90) -
             raise HadoopClusterError(f"yarn logs of {app_id} lack {missing or 'nothing'} after {timeout:.0f}s "
                                      f"(exit {out.returncode}): {text[-3000:]}")
         time.sleep(2)
+
+
+def local_logs(cluster: HadoopCluster, app_id: str) -> dict[str, str]:
+    """``{container/file: text}`` of an application's logs where the NodeManagers keep them (all on
+    this machine): what to read when log aggregation is off (the Kerberos cluster)."""
+    found = {}
+    for path in sorted(cluster.dir.glob(f"data/worker-*/nm-logs/{app_id}/container_*/*")):
+        if path.is_file():
+            found[f"{path.parent.name}/{path.name}"] = path.read_text(errors="replace")
+    return found
 
 
 def application_report(cluster: HadoopCluster, app_id: str) -> dict:

@@ -8,22 +8,35 @@ import sys
 import pytest
 
 
-@pytest.fixture(scope="session")
-def hadoop(tmp_path_factory):
+def _cluster(base, *flags):
+    """A cluster started with ``up --dir base FLAGS`` (the command a user runs) and stopped with
+    ``down``, which must leave no process; yields the handle and the ``export`` lines of ``up``."""
     from tfos.testing.hadoop import HadoopCluster
     from tfos.testing.hadoop.cluster import processes_of
 
-    base = tmp_path_factory.mktemp("hadoop")
-    up = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "up", "--dir", str(base)],
+    up = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "up", "--dir", str(base), *flags],
                         capture_output=True, text=True, timeout=1800)
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-4000:]
     assert up.stdout.strip().splitlines()[-1] == f"export HADOOP_CONF_DIR={base}/conf"
-    cluster = HadoopCluster.attach(base)
+    exports = dict(line[len("export "):].split("=", 1) for line in up.stdout.splitlines()
+                   if line.startswith("export "))
     try:
-        yield cluster
+        yield HadoopCluster.attach(base), exports
     finally:
         down = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "down", "--dir", str(base)],
                               capture_output=True, text=True, timeout=120)
         assert down.returncode == 0, down.stderr[-3000:]
         left = processes_of(base)
         assert not left, f"Hadoop processes left after down: {left}"
+
+
+@pytest.fixture(scope="session")
+def hadoop(tmp_path_factory):
+    for cluster, _ in _cluster(tmp_path_factory.mktemp("hadoop")):
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def secure_hadoop(tmp_path_factory):
+    """The Kerberos cluster (``up --kerberos``): (handle, the test user's KRB5_* and HADOOP_CONF_DIR)."""
+    yield from _cluster(tmp_path_factory.mktemp("secure-hadoop"), "--kerberos")

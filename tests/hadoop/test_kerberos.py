@@ -16,8 +16,7 @@ import textwrap
 import pytest
 
 from tfos.testing import wait_no_tfos_processes
-from tfos.testing.hadoop import HadoopCluster, yarn
-from tfos.testing.hadoop.cluster import processes_of
+from tfos.testing.hadoop import yarn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,29 +24,16 @@ FETCH_TOKEN = "org.apache.hadoop.hdfs.tools.DelegationTokenFetcher"  # what 'hdf
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory):
-    base = tmp_path_factory.mktemp("secure-hadoop")
-    up = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "up", "--dir", str(base), "--kerberos"],
-                        capture_output=True, text=True, timeout=1800)
-    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-4000:]
-    exports = dict(line[len("export "):].split("=", 1) for line in up.stdout.splitlines()
-                   if line.startswith("export "))
+def secure(secure_hadoop, tmp_path_factory):
+    cluster, exports = secure_hadoop
     assert set(exports) == {"KRB5_CONFIG", "KRB5CCNAME", "KRB5_CLIENT_KTNAME", "HADOOP_CONF_DIR"}
-    cluster = HadoopCluster.attach(base)
-    try:
-        records = base / "part-00000.tfrecord"
-        from tfos.data.tfrecord import tfrecord_frame
+    records = tmp_path_factory.mktemp("records") / "part-00000.tfrecord"
+    from tfos.data.tfrecord import tfrecord_frame
 
-        records.write_bytes(b"".join(tfrecord_frame(f"r{i}".encode()) for i in range(20)))
-        cluster.fs("-mkdir", "-p", "/secure")  # Hadoop's own client, with the ticket `up` obtained
-        cluster.fs("-put", str(records), "/secure/")
-        yield cluster, exports
-    finally:
-        down = subprocess.run([sys.executable, "-m", "tfos.testing.hadoop", "down", "--dir", str(base)],
-                              capture_output=True, text=True, timeout=120)
-        assert down.returncode == 0, down.stderr[-3000:]
-        left = processes_of(base)
-        assert not left, f"processes left after down: {left}"
+    records.write_bytes(b"".join(tfrecord_frame(f"r{i}".encode()) for i in range(20)))
+    cluster.fs("-mkdir", "-p", "/secure")  # Hadoop's own client, with the ticket `up` obtained
+    cluster.fs("-put", str(records), "/secure/")
+    return cluster, exports
 
 
 CHILD = textwrap.dedent("""

@@ -38,7 +38,7 @@ def make_chunk(rows: int):
 
 
 def start_producer(hub, chunk, total_rows: int, feed_id: str) -> threading.Thread:
-    from tfos.feed.node.hub import DATA, END, Origin
+    from tfos.feed.node.hub import Data, End, Origin
 
     q = hub.queue("input")
     origin = Origin(None, train=True)
@@ -48,9 +48,9 @@ def start_producer(hub, chunk, total_rows: int, feed_id: str) -> threading.Threa
         sent = 0
         while sent < total_rows:
             b = chunk if total_rows - sent >= chunk.num_rows else chunk.slice(0, total_rows - sent)
-            q.put((DATA, b, origin, feed_id), stop)
+            q.put(Data(b, origin, feed_id), stop)
             sent += b.num_rows
-        q.put((END, feed_id, sent), stop)
+        q.put(End(feed_id, sent), stop)
 
     t = threading.Thread(target=produce, daemon=True)
     t.start()

@@ -170,3 +170,35 @@ def test_a_batch_spanning_two_chunks_is_joined_into_aligned_memory():
         assert np.array_equal(out, np.concatenate(parts))
     strings = [np.array([b"a", b"bc"], dtype=object), np.array([b"d"], dtype=object)]
     assert list(_concatenate(strings)) == [b"a", b"bc", b"d"]
+
+
+@pytest.mark.parametrize("rows", [
+    [(np.full(3, i, np.float32), i) for i in range(250)],  # (x, y)
+    [(np.full(3, i, np.float32),) for i in range(250)],  # a 1-tuple stays a 1-tuple
+    [{"x": np.full(3, i, np.float32), "y": i} for i in range(250)],  # dicts
+    [float(i) for i in range(250)],  # single values
+])
+def test_dataset_yields_the_batches_of_batches_in_their_structure(rows):
+    """feed.dataset() slices blocks of whole batches in TF: the same batches, in the same
+    structure (tuple, 1-tuple, dict, single tensor), as feed.batches()."""
+    tf = pytest.importorskip("tensorflow")
+    from tfos.feed.node.datafeed import DataFeed
+    from tfos.feed.node.hub import Data, End, FeedHub, Origin
+
+    def feed():
+        hub = FeedHub("test-secret")
+        q, origin = hub.queue("input"), Origin(None, train=True)
+        for lo in range(0, len(rows), 100):  # chunks of 100 rows: batches of 32 span chunks
+            q.q.put(Data(A.rows_to_batch(rows[lo:lo + 100]), origin, "f"))
+        q.q.put(End("f", len(rows)))
+        return DataFeed(hub)
+
+    expected = list(feed().batches(32))
+    got = list(feed().dataset(32).as_numpy_iterator())
+    assert [len(tf.nest.flatten(b)[0]) for b in got] == [32] * 7 + [26]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert type(g) is type(e)
+        tf.nest.assert_same_structure(g, e)
+        for a, b in zip(tf.nest.flatten(g), tf.nest.flatten(e)):
+            np.testing.assert_array_equal(a, b)

@@ -462,7 +462,14 @@ class DataFeed:
                     xs[j] = tf.cast(xs[j], dt)
                 return tuple(xs)
             ds = ds.map(cast)
-        ds = ds.unbatch().prefetch(tf.data.AUTOTUNE)  # a block (k, rows, ...) -> its k batches (rows, ...)
+        # a block (k, rows, ...) -> its k batches (rows, ...): sliced by from_tensor_slices, several times
+        # faster per batch than Dataset.unbatch here (bench/README: the feed's consumer side)
+        structure = ds.element_spec
+
+        def batches_of_block(*parts):
+            return tf.data.Dataset.from_tensor_slices(tf.nest.pack_sequence_as(structure, tf.nest.flatten(parts)))
+
+        ds = ds.flat_map(batches_of_block).prefetch(tf.data.AUTOTUNE)
         from tfos.data.datasets import no_autoshard
 
         return no_autoshard(ds)

@@ -87,7 +87,8 @@ def _hadoop_error(e: BaseException, base: str) -> BaseException:
 
 
 class _Client:
-    """An ``hdfs_native.Client`` whose calls raise :func:`_hadoop_error`'s errors."""
+    """An ``hdfs_native.Client`` whose calls raise :func:`_hadoop_error`'s errors. ``list_status``
+    returns a list: hdfs-native's iterator makes its first RPC on the first ``next()``."""
 
     def __init__(self, client, base: str):
         self._client, self._base = client, base
@@ -99,7 +100,8 @@ class _Client:
 
         def call(*args, **kwargs):
             try:
-                return attr(*args, **kwargs)
+                result = attr(*args, **kwargs)
+                return list(result) if name == "list_status" else result
             except RuntimeError as e:
                 raise _hadoop_error(e, self._base) from e
         return call

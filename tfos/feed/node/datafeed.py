@@ -7,7 +7,6 @@ fast numpy (``batches``) and tf.data (``dataset``) paths built straight from the
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import queue
 import threading
@@ -36,8 +35,8 @@ class _Gate:
     The safe count comes with the data: the feeding tasks send the driver's count with their
     chunks, and the hub keeps the latest (``FeedQueue.safe``). Only a reader that finds no news
     within GATE_NEWS_WAIT wakes the watcher thread, which long-polls the driver (FeedGate, on one
-    authenticated connection) until the count reaches what the reader needs or the feed is
-    complete (how the totals arrive)."""
+    authenticated connection per burst) until the count reaches what the reader needs or the feed
+    is complete (how the totals arrive)."""
 
     def __init__(self, feed_id: str, policy: str, first: pa.RecordBatch, client=None, news=None):
         self.feed_id = feed_id
@@ -66,16 +65,16 @@ class _Gate:
 
     def _watch(self, client) -> None:
         try:
-            with contextlib.ExitStack() as stack:
-                connected = False
-                while True:
-                    self._wanted.wait()
-                    if self._stop.is_set():
-                        return
-                    self._wanted.clear()
-                    if not connected:  # the first request opens the connection, kept for the feed
-                        stack.enter_context(client.session(timeout=GATE_WAIT + 30))
-                        connected = True
+            while True:
+                self._wanted.wait()
+                if self._stop.is_set():
+                    return
+                self._wanted.clear()
+                if self.safe >= self._need:
+                    continue
+                # one connection per burst of requests: between bursts (the data may bring the count
+                # for an hour) no idle connection is left for the driver or a firewall to drop
+                with client.session(timeout=GATE_WAIT + 30):
                     while not self._stop.is_set() and self.safe < self._need:
                         reply = client.feed_gate(self.feed_id, self._need, GATE_WAIT)
                         self.requests += 1
@@ -97,7 +96,7 @@ class _Gate:
         t0 = time.monotonic()
         with self.cond:
             asked = False
-            while self.totals is None and self.safe < need and self.error is None:
+            while self.totals is None and self.safe < need and self.error is None and not self._stop.is_set():
                 waited = time.monotonic() - t0
                 if not asked and waited >= GATE_NEWS_WAIT:
                     self._need, asked = need, True
@@ -205,6 +204,8 @@ class DataFeed:
             self.done = True
         elif isinstance(item, Close):
             self.done = self.closed = True
+            if self._gate is not None:  # its watcher thread ends too
+                self._gate.close()
         elif isinstance(item, Part) and not self.train_mode:
             self._part_end = True
 

@@ -130,7 +130,8 @@ def submit_command(cluster: HadoopCluster, script: str, args=(), *, deploy_mode:
                          "spark.kerberos.keytab": str(cluster.kdc_dir / "tfos.keytab"),
                          "spark.yarn.am.extraJavaOptions": krb5, "spark.executor.extraJavaOptions": krb5,
                          "spark.driver.extraJavaOptions": krb5})
-    settings.update(conf or {})
+    for key, value in (conf or {}).items():  # a caller's JVM options go beside the realm's, not instead
+        settings[key] = f"{settings[key]} {value}" if key.endswith("extraJavaOptions") and key in settings else value
     submit = os.path.join(os.path.dirname(python), "spark-submit")
     cmd = [submit if os.path.exists(submit) else "spark-submit", "--master", "yarn", "--deploy-mode", deploy_mode,
            "--num-executors", str(num_executors), "--executor-memory", executor_memory]

@@ -311,3 +311,23 @@ def test_dataset_blocks_respect_the_gate(path):
     assert not errors, errors
     assert results[0] == results[1] == -(-min(per_node.values()) // 64)
     assert tf is not None
+
+
+def test_terminate_releases_a_reader_waiting_at_the_gate(path):
+    """Node 1 never gets a row, so node 0's reader waits at the gate; terminate() from another
+    thread (what batch_results' caller or a callback may do) ends its read instead of a hang."""
+    from tfos.feed import arrow
+    from tfos.feed.node.hub import Data, Origin
+
+    hub = path.hubs[0]
+    hub.queue("input").q.put(Data(arrow.rows_to_batch([(k, float(k)) for k in range(50)]),
+                                  Origin(None, train=True, uneven="drop", ranks=2), "stuck"))
+    feed = DataFeed(hub)
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(feed.batches(10)), daemon=True)
+    reader.start()
+    time.sleep(0.5)
+    assert reader.is_alive() and not got  # at the gate: node 1 has no rows yet
+    feed.terminate()
+    reader.join(5)
+    assert not reader.is_alive() and not got

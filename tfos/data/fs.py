@@ -251,11 +251,14 @@ def site_properties(xml_text: str) -> dict[str, str]:
     return found
 
 
+def default_fs_of(core: dict[str, str]) -> str | None:
+    """Pure: ``fs.defaultFS`` (or its old name ``fs.default.name``) of core-site properties."""
+    return core.get("fs.defaultFS") or core.get("fs.default.name")
+
+
 def core_site_default_fs(xml_text: str) -> str | None:
-    """Pure: ``fs.defaultFS`` (or its old name ``fs.default.name``) from a core-site.xml text;
-    None if it sets neither or is not valid XML."""
-    found = site_properties(xml_text)
-    return found.get("fs.defaultFS") or found.get("fs.default.name")
+    """Pure: ``fs.defaultFS`` from a core-site.xml text; None if it sets none or is not valid XML."""
+    return default_fs_of(site_properties(xml_text))
 
 
 def hadoop_core_site(environ=os.environ, read=None) -> dict[str, str]:
@@ -281,8 +284,7 @@ def hadoop_default_fs(environ=os.environ, read=None) -> str:
     """The Hadoop default filesystem as this host's Hadoop configuration gives it: core-site.xml in
     ``$HADOOP_CONF_DIR``, then ``$HADOOP_HOME/etc/hadoop``; ``file:///`` without one. A Spark
     Connect client cannot ask the driver JVM, so tfos's barrier tasks ask their executor host."""
-    core = hadoop_core_site(environ, read)
-    return core.get("fs.defaultFS") or core.get("fs.default.name") or "file:///"
+    return default_fs_of(hadoop_core_site(environ, read)) or "file:///"
 
 
 def spark_default_fs(sc) -> str:

@@ -52,9 +52,11 @@ def client_url(base: str, core: dict, token_file: str | None, resolve=socket.get
     ``HADOOP_TOKEN_FILE_LOCATION``, no Kerberos ticket) a NameNode named by host name would not
     find its token: with a token file, a host name becomes its address. An HA nameservice, a
     ``viewfs://`` URL or an address is left as it is. Pure but for ``resolve``."""
+    from tfos.data.fs import default_fs_of
+
     parts = urlsplit(base)
     url = base if parts.netloc else None
-    default = urlsplit(core.get("fs.defaultFS") or core.get("fs.default.name") or "")
+    default = urlsplit(default_fs_of(core) or "")
     target = parts if parts.netloc else default
     if (not token_file or target.scheme != "hdfs" or target.port is None or not target.hostname
             or core.get("hadoop.security.token.service.use_ip", "true").strip().lower() == "false"):
@@ -116,7 +118,8 @@ class HdfsNativeHandler(pafs.FileSystemHandler):
         from tfos.data.fs import hadoop_core_site
 
         self.base = base
-        url = client_url(base, hadoop_core_site(), os.environ.get("HADOOP_TOKEN_FILE_LOCATION"))
+        tokens = os.environ.get("HADOOP_TOKEN_FILE_LOCATION")  # only then does the address matter
+        url = client_url(base, hadoop_core_site() if tokens else {}, tokens)
         try:  # no authority (hdfs:///path): fs.defaultFS of the configuration
             self.client = _Client(hdfs_native.Client(url), base)
         except Exception as e:  # no fs.defaultFS for hdfs:///, an unknown nameservice, ...

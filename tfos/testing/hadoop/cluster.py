@@ -86,18 +86,22 @@ def _descendants(roots: list[int]) -> list[int]:
     return out
 
 
+def _marker(base_dir) -> str:
+    """The JVM flag on every command line started for the cluster in ``base_dir``."""
+    return f"-Dtfos.hadoop.cluster={Path(base_dir).resolve()}"
+
+
+def _carries(pid: int | str, marker: str) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+
+
 def processes_of(base_dir) -> list[int]:
     """Pids of every live process started for the cluster in ``base_dir`` (its marker on the command line)."""
-    marker = f"-Dtfos.hadoop.cluster={Path(base_dir).resolve()}".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    marker = _marker(base_dir)
+    return [int(pid) for pid in filter(str.isdigit, os.listdir("/proc")) if _carries(pid, marker)]
 
 
 class HadoopCluster:
@@ -121,7 +125,7 @@ class HadoopCluster:
         self.version, self.timeout, self.mvn = version, timeout, mvn
         self.conf_dir = self.dir / "conf"
         self.ports: dict[str, int] = {}
-        self._marker = f"-Dtfos.hadoop.cluster={self.dir}"  # tells our daemons from reused pids
+        self._marker = _marker(self.dir)  # tells our daemons from reused pids
 
     @classmethod
     def attach(cls, base_dir, **kw) -> HadoopCluster:
@@ -139,6 +143,11 @@ class HadoopCluster:
     webhdfs_address = property(lambda self: f"{self.host}:{self.ports['nn_http']}")
     rm_address = property(lambda self: f"{self.host}:{self.ports['rm']}")
     rm_webapp_address = property(lambda self: f"{self.host}:{self.ports['rm_web']}")
+
+    @property
+    def krb5_option(self) -> str:
+        """The JVM option naming the Kerberos cluster's realm (its KDC's krb5.conf)."""
+        return f"-Djava.security.krb5.conf={self.kdc_dir / 'krb5.conf'}"
 
     def classpath(self, conf: Path | None = None) -> str:
         root = cache_dir(self.version)
@@ -222,7 +231,7 @@ class HadoopCluster:
     def _java(self, conf: Path, main: str, *args: str, logger: str = "INFO", heap: str = "256m",
               extra: tuple = ()) -> list[str]:
         if self.kerberos:
-            extra = (*extra, f"-Djava.security.krb5.conf={self.kdc_dir / 'krb5.conf'}")
+            extra = (*extra, self.krb5_option)
         return [self.java, f"-Xmx{heap}", *JVM_FLAGS, *extra, f"-Dhadoop.log.dir={self.dir / 'logs'}",
                 f"-Dhadoop.root.logger={logger},console", "-cp", self.classpath(conf), main, *args]
 
@@ -357,11 +366,7 @@ class HadoopCluster:
             return {}
 
     def _owned(self, pid: int) -> bool:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-            return self._marker in argv
-        except OSError:
-            return False
+        return _carries(pid, self._marker)
 
     def running(self) -> bool:
         return any(self._owned(p) for p in self._pids().values())

@@ -98,8 +98,7 @@ def submit_environment(cluster: HadoopCluster, python: str = sys.executable) -> 
         from tfos.testing.hadoop import kerberos
 
         env.update(kerberos.client_env(cluster.kdc_dir, keytab=False))
-        krb5 = f"-Djava.security.krb5.conf={cluster.kdc_dir / 'krb5.conf'}"
-        env["SPARK_SUBMIT_OPTS"] = f"{env.get('SPARK_SUBMIT_OPTS', '')} {krb5}".strip()
+        env["SPARK_SUBMIT_OPTS"] = f"{env.get('SPARK_SUBMIT_OPTS', '')} {cluster.krb5_option}".strip()
     return env
 
 
@@ -125,7 +124,7 @@ def submit_command(cluster: HadoopCluster, script: str, args=(), *, deploy_mode:
     if cluster.kerberos:  # Spark logs in from the keytab and hands HDFS tokens to every container
         from tfos.testing.hadoop import kerberos
 
-        krb5 = f"-Djava.security.krb5.conf={cluster.kdc_dir / 'krb5.conf'}"
+        krb5 = cluster.krb5_option
         settings.update({"spark.kerberos.principal": kerberos.principal(kerberos.USER),
                          "spark.kerberos.keytab": str(cluster.kdc_dir / "tfos.keytab"),
                          "spark.yarn.am.extraJavaOptions": krb5, "spark.executor.extraJavaOptions": krb5,

@@ -16,6 +16,8 @@ from tfos.testing.hadoop import yarn
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples", "digits")
+# wait for each node log's end marker, not its name: a log still being aggregated shows its name first
+NODE_LOGS_COMPLETE = ["End of LogType:tfos-node-0.log", "End of LogType:tfos-node-1.log"]
 
 
 def _hdfs_files(hadoop, path):
@@ -56,7 +58,7 @@ def test_tensorflow_mode_on_tfrecords_in_hdfs_client_deploy_mode(hadoop, tmp_pat
     assert "/tmp/yarn-client/logs/train/events.out.tfevents." in files, files
     assert "/tmp/yarn-client/export/saved_model.pb" in files, files
 
-    logs = _node_logs(yarn.logs(hadoop, run.app_id, want=["tfos-node-0.log", "tfos-node-1.log"]))
+    logs = _node_logs(yarn.logs(hadoop, run.app_id, want=NODE_LOGS_COMPLETE))
     assert sorted(logs) == [0, 1], logs
     for rank, text in logs.items():
         assert f"rank {rank} epoch 2: loss" in text, text[-2000:]
@@ -92,7 +94,7 @@ def test_spark_mode_from_parquet_on_hdfs_cluster_deploy_mode_survives_a_datanode
     _check_finished_cleanly(hadoop, run)
     assert stopped, "training never wrote a checkpoint to HDFS, so no DataNode was stopped"
 
-    text = yarn.logs(hadoop, run.app_id, want=["tfos-node-0.log", "tfos-node-1.log", "test accuracy"])
+    text = yarn.logs(hadoop, run.app_id, want=[*NODE_LOGS_COMPLETE, "test accuracy"])
     acc = float(re.search(r"test accuracy ([\d.]+)", text).group(1))  # the driver's stdout, in the AM's container
     assert acc >= 0.8
     logs = _node_logs(text)

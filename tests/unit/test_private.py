@@ -149,3 +149,36 @@ def test_a_second_unix_user_gets_its_own_private_state_next_to_the_first(tmp):
     assert out["registry"] != C.registry_path()
     with C.claims() as reg:
         assert reg["gpus"] == {"0": os.getpid()}
+
+
+@pytest.mark.parametrize("setup,ok", [
+    ("plain", True),            # this user's file, 0755, in this user's 0755 directory
+    ("group_writable", False),  # another user of the group could swap the code
+    ("dir_world_writable", False),
+    ("symlink", False),         # code is loaded from the file itself, never through a link
+    ("foreign_owner", False),   # a file of another user (root may always be trusted: it could do anything anyway)
+])
+def test_code_is_loaded_only_from_files_no_other_user_can_change(tmp_path, setup, ok):
+    if setup == "foreign_owner" and os.getuid() != 0:
+        pytest.skip("needs root to create a file of another user")
+    d = tmp_path / "lib"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    f = d / "plugin.so"
+    f.write_bytes(b"\x7fELF")
+    os.chmod(f, 0o755)
+    path = str(f)
+    if setup == "group_writable":
+        os.chmod(f, 0o775)
+    elif setup == "dir_world_writable":
+        os.chmod(d, 0o777)
+    elif setup == "symlink":
+        os.symlink(f, d / "link.so")
+        path = str(d / "link.so")
+    elif setup == "foreign_owner":
+        os.chown(f, NOBODY, NOBODY)
+    if ok:
+        P.check_trusted_file(path)
+    else:
+        with pytest.raises(P.UnsafeDirectoryError):
+            P.check_trusted_file(path)

@@ -56,6 +56,34 @@ def private_dir(*parts: str, create: bool = True) -> str:
     return path
 
 
+def user_cache_dir(*parts: str) -> str:
+    """``$TFOS_CACHE_DIR`` (default ``~/.cache/tfos``) and ``parts`` below it: this user's cache of
+    downloads and builds, each level created 0700 or checked like :func:`check_private`."""
+    path = os.environ.get("TFOS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfos")
+    for part in ("",) + parts:
+        path = os.path.join(path, part) if part else path
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        check_private(path)
+    return path
+
+
+def check_trusted_file(path: str) -> None:
+    """Raise UnsafeDirectoryError unless ``path`` is a regular file (not a symlink) that only this
+    user or root can change, in a directory only they can change: what tfos loads as code."""
+    for p, kind in ((os.path.dirname(os.path.abspath(path)), "directory"), (path, "file")):
+        try:
+            st = os.lstat(p)
+        except OSError as e:
+            raise UnsafeDirectoryError(f"{path}: cannot check its {kind} {p} ({e.strerror})") from None
+        if stat.S_ISLNK(st.st_mode) and kind == "file":
+            raise UnsafeDirectoryError(f"{path} is a symlink; tfos loads code only from the file itself")
+        if st.st_uid not in (os.getuid(), 0) or stat.S_IMODE(st.st_mode) & 0o022:
+            raise UnsafeDirectoryError(f"{p} can be changed by another user (owner uid {st.st_uid}, mode "
+                                       f"{stat.S_IMODE(st.st_mode):o}); tfos will not load code from it: "
+                                       "make it yours and not group/other-writable")
+
+
 def fresh_dir(parent: str, name: str) -> str:
     """Create ``parent/name`` (0700) that must not exist yet: an existing one is never reused."""
     path = os.path.join(parent, name)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tfos.errors import TFOSError
-from tfos.host.private import check_private
+from tfos.host.private import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,7 @@ class HadoopClusterError(TFOSError):
 def cache_dir(version: str = HADOOP_VERSION) -> Path:
     """``$TFOS_CACHE_DIR/hadoop-<version>`` (default ``~/.cache/tfos``): this user's cache, created
     0700 and refused when it is a symlink, foreign-owned or open to others (``check_private``)."""
-    base = os.environ.get("TFOS_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                             os.path.join(os.path.expanduser("~"), ".cache"), "tfos")
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    check_private(base)
+    base = user_cache_dir()
     return Path(base) / f"hadoop-{version}"
 
 

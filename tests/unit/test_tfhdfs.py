@@ -1,0 +1,59 @@
+"""Which hdfs:// plugin a TF process loads (tfos.data.tfhdfs), decided without building or loading
+one: the switch, a plugin named by the environment, and the build's cache key."""
+
+import os
+
+import pytest
+
+from tfos.data import tfhdfs
+from tfos.errors import HadoopConfigError
+from tfos.host.private import UnsafeDirectoryError
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TFOS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(tfhdfs.ENV_PLUGIN, raising=False)
+    monkeypatch.delenv(tfhdfs.ENV_SWITCH, raising=False)
+    return tmp_path
+
+
+def test_without_a_build_there_is_no_plugin(cache):
+    assert tfhdfs.plugin_path() is None
+    assert tfhdfs.built_path().parent.parent == cache / "cache"
+
+
+def test_a_build_in_the_cache_is_found_and_the_switch_turns_it_off(cache, monkeypatch):
+    lib = tfhdfs.built_path()
+    lib.write_bytes(b"\x7fELF")
+    assert tfhdfs.plugin_path() == str(lib)
+    monkeypatch.setenv(tfhdfs.ENV_SWITCH, "0")
+    assert tfhdfs.plugin_path() is None
+
+
+def test_a_plugin_named_by_the_environment_must_exist_and_be_safe(cache, monkeypatch, tmp_path):
+    monkeypatch.setenv(tfhdfs.ENV_PLUGIN, str(tmp_path / "missing.so"))
+    with pytest.raises(HadoopConfigError, match="python -m tfos.data.tfhdfs build"):
+        tfhdfs.plugin_path()
+    given = tmp_path / "shipped" / "libtfos_hdfs_tf.so"
+    given.parent.mkdir(mode=0o755)
+    os.chmod(given.parent, 0o755)
+    given.write_bytes(b"\x7fELF")
+    os.chmod(given, 0o644)
+    monkeypatch.setenv(tfhdfs.ENV_PLUGIN, str(given))
+    assert tfhdfs.plugin_path() == str(given)
+    os.chmod(given, 0o666)
+    with pytest.raises(UnsafeDirectoryError):
+        tfhdfs.plugin_path()
+
+
+def test_the_build_is_keyed_by_its_sources_and_tensorflow():
+    key = tfhdfs.source_key("2.21.0")
+    assert key == tfhdfs.source_key("2.21.0") and key != tfhdfs.source_key("2.22.0")
+    assert {p.name for p in tfhdfs._sources()} >= {"Cargo.toml", "Cargo.lock", "build.rs", "lib.rs"}
+
+
+def test_without_a_plugin_register_says_how_to_get_one(cache):
+    assert tfhdfs.register() is False
+    with pytest.raises(HadoopConfigError, match="tfos.data.tfhdfs build"):
+        tfhdfs.register(required=True)

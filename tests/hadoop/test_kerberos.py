@@ -41,13 +41,22 @@ CHILD = textwrap.dedent("""
     from tfos import data
     from tfos.data.fs import _resolve
 
-    uri, read_records = sys.argv[1], sys.argv[2] == "records"
+    uri, reader = sys.argv[1], sys.argv[2]  # 'list' (no records), 'arrow', 'tensorflow' or 'gfile' (TF alone)
     out = {}
     try:
-        files = data.list_files(uri, pattern="*.tfrecord")
+        if reader == "gfile":
+            import tensorflow as tf
+            from tfos.data import tfhdfs
+
+            tfhdfs.register(required=True)
+            tf.io.gfile.stat(uri)  # listdir would say only "could not find directory" (its isdir check)
+            out["files"] = tf.io.gfile.listdir(uri)
+            reader = "list"
+        files = out.get("files") or data.list_files(uri, pattern="*.tfrecord")
         out["files"] = [f.rsplit("/", 1)[1] for f in files]
-        if read_records:  # TensorFlow's TFRecordDataset, fed by tfos's reader process
-            out["records"] = sorted(r.decode() for r in data.tfrecord_dataset(files).as_numpy_iterator())
+        if reader != "list":  # TFRecordDataset fed by tfos's reader process, or opening hdfs:// itself (plugin)
+            ds = data.tfrecord_dataset(files, reader=reader)
+            out["records"] = sorted(r.decode() for r in ds.as_numpy_iterator())
             fs, path, _ = _resolve(uri + "/written.bin")
             with fs.open_output_stream(path) as w:
                 w.write(b"from a Kerberos client")
@@ -59,7 +68,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _client(secure, tmp_path, uri, *, keytab=False, tokens=None, conf=None, read_records=False):
+def _client(secure, tmp_path, uri, *, keytab=False, tokens=None, conf=None, reader="list"):
     """CHILD in a fresh process: the realm's krb5.conf, an empty ticket cache of its own, and only
     the credentials asked for."""
     cluster, exports = secure
@@ -70,29 +79,39 @@ def _client(secure, tmp_path, uri, *, keytab=False, tokens=None, conf=None, read
         env["KRB5_CLIENT_KTNAME"] = exports["KRB5_CLIENT_KTNAME"]
     if tokens:
         env["HADOOP_TOKEN_FILE_LOCATION"] = str(tokens)
-    proc = subprocess.run([sys.executable, "-c", CHILD, uri, "records" if read_records else "list"], env=env,
+    proc = subprocess.run([sys.executable, "-c", CHILD, uri, reader], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_a_keytab_reads_records_and_writes(secure, tmp_path):
+@pytest.fixture(scope="module")
+def plugin():
+    from tfos.data import tfhdfs
+
+    return tfhdfs.build()  # TensorFlow's own hdfs:// (tfos.data.tfhdfs); CI builds it before the suite
+
+
+@pytest.mark.parametrize("reader", ["arrow", "tensorflow"])
+def test_a_keytab_reads_records_and_writes(secure, tmp_path, plugin, reader):
     cluster, _ = secure
-    got = _client(secure, tmp_path, f"{cluster.default_fs}/secure", keytab=True, read_records=True)
+    got = _client(secure, tmp_path, f"{cluster.default_fs}/secure", keytab=True, reader=reader)
     assert got == {"files": ["part-00000.tfrecord"], "records": sorted(f"r{i}" for i in range(20)),
                    "written": "from a Kerberos client"}
 
 
-def test_without_credentials_the_error_names_the_fix(secure, tmp_path):
+@pytest.mark.parametrize("reader", ["list", "gfile"])
+def test_without_credentials_the_error_names_the_fix(secure, tmp_path, plugin, reader):
+    """Through tfos's fs layer (HadoopConfigError) and through TensorFlow's own gfile (the plugin)."""
     cluster, _ = secure
-    got = _client(secure, tmp_path, f"{cluster.default_fs}/secure")
-    assert got["error"].startswith("HadoopConfigError: ")
+    got = _client(secure, tmp_path, f"{cluster.default_fs}/secure", reader=reader)
+    assert got["error"].startswith("HadoopConfigError: " if reader == "list" else "UnauthenticatedError: "), got
     for needle in ("no Kerberos credentials", "kinit", "--principal and --keytab", "HADOOP_TOKEN_FILE_LOCATION",
                    "GSS_S_NO_CRED"):
         assert needle in got["error"], needle
 
 
-def test_delegation_tokens_alone_reach_a_namenode_named_by_host_name(secure, tmp_path):
+def test_delegation_tokens_alone_reach_a_namenode_named_by_host_name(secure, tmp_path, plugin):
     """As in a YARN container: no ticket, the job's HDFS token in HADOOP_TOKEN_FILE_LOCATION. Hadoop
     names the token's service by the NameNode's address (127.0.0.1:port); the user names the
     NameNode by host name (localhost:port), in the URI or in fs.defaultFS."""
@@ -101,13 +120,16 @@ def test_delegation_tokens_alone_reach_a_namenode_named_by_host_name(secure, tmp
     cluster.hadoop_cli([FETCH_TOKEN, "--renewer", "tfos", str(tokens)])  # 'hdfs fetchdt', with the ticket
     port = cluster.ports["nn_rpc"]
     by_name = f"hdfs://localhost:{port}"
-    got = _client(secure, tmp_path, f"{by_name}/secure", tokens=tokens, read_records=True)
-    assert got.get("records") == sorted(f"r{i}" for i in range(20)), got
+    for reader in ("arrow", "tensorflow"):  # tfos's fs layer, and TensorFlow through the plugin
+        got = _client(secure, tmp_path, f"{by_name}/secure", tokens=tokens, reader=reader)
+        assert got.get("records") == sorted(f"r{i}" for i in range(20)), (reader, got)
     conf = tmp_path / "conf"  # the same cluster, fs.defaultFS by host name
     shutil.copytree(exports["HADOOP_CONF_DIR"], conf)
     core = conf / "core-site.xml"
     core.write_text(core.read_text().replace(cluster.default_fs, by_name))
     assert _client(secure, tmp_path, "hdfs:///secure", tokens=tokens, conf=conf) == {"files": ["part-00000.tfrecord"]}
+    got = _client(secure, tmp_path, "hdfs:///secure", tokens=tokens, conf=conf, reader="tensorflow")
+    assert got.get("records") == sorted(f"r{i}" for i in range(20)), got
     # why tfos connects by address: hdfs-native looks the token up by the URL's host:port as written
     raw = subprocess.run([sys.executable, "-c", "import sys, hdfs_native; hdfs_native.Client(sys.argv[1]).get_file_info('/')",
                           by_name], capture_output=True, text=True, timeout=120,

@@ -33,10 +33,11 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
     parsed dict instead of the serialized bytes.
 
     ``reader``: ``'tensorflow'`` uses ``tf.data.TFRecordDataset`` on the paths (local and file://
-    paths, gs://); ``'arrow'`` reads the bytes through pyarrow (any filesystem pyarrow knows,
-    including hdfs://, which TF 2.21 cannot open) and hands them to ``TFRecordDataset`` in blocks
-    of whole records (:mod:`tfos.data.spool`: bounded memory, records parsed and checksums checked
-    in TF's C++); ``'auto'`` picks tensorflow when every file is local, else arrow.
+    paths, gs://, and hdfs:// with tfos's plugin: :mod:`tfos.data.tfhdfs`); ``'arrow'`` reads the
+    bytes through tfos's fs layer (any filesystem pyarrow knows, and hdfs://) and hands them to
+    ``TFRecordDataset`` in blocks of whole records (:mod:`tfos.data.spool`: bounded memory, records
+    parsed and checksums checked in TF's C++); ``'auto'`` picks tensorflow when TF opens every file
+    itself (local, or hdfs:// with the plugin registered), else arrow.
     ``buffer_size`` / ``num_parallel_reads`` go to TFRecordDataset (``num_parallel_reads`` only with
     the tensorflow reader; ``verify_checksums`` is kept for compatibility: TF always checks them).
     The dataset has AutoShardPolicy.OFF.
@@ -60,8 +61,11 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
         compression = _norm_compression(compression_type)
     local = [_local_path(f) for f in files]
     if reader == "auto":
-        reader = "tensorflow" if all(p is not None for p in local) else "arrow"
+        reader = "tensorflow" if all(p is not None or _tf_opens(f) for p, f in zip(local, files)) else "arrow"
     if reader == "tensorflow":
+        for p, f in zip(local, files):
+            if p is None:
+                _tf_opens(f, required=True)  # hdfs://: TF opens it through tfos's plugin from here on
         names = [p if p is not None else f for p, f in zip(local, files)]
         ds = tf.data.TFRecordDataset(tf.constant(names, dtype=tf.string), compression_type=compression,
                                      buffer_size=buffer_size, num_parallel_reads=num_parallel_reads)
@@ -80,6 +84,15 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
             ds = equal.equalize(ds, rank_shard, equal.count_tfrecords(files, compression), batch_size, uneven,
                                 weights_as_tuple=features is None)
     return no_autoshard(ds)
+
+
+def _tf_opens(uri: str, required: bool = False) -> bool:
+    """TF opens ``uri`` itself: an hdfs:// or viewfs:// URI once tfos's plugin is registered
+    (``required``: registering it must succeed, else HadoopConfigError names the fix)."""
+    from tfos.data.fs import _scheme
+    from tfos.data.tfhdfs import register
+
+    return _scheme(uri) in ("hdfs", "viewfs") and register(required)
 
 
 # --------------------------------------------------------------------------- Arrow batches -> tf.data

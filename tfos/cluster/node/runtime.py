@@ -19,6 +19,7 @@ import sys
 import threading
 
 from tfos.errors import TFOSError, TFOSTimeoutError
+from tfos.data import tfhdfs
 from tfos.host import claims
 from tfos.cluster.node import staging
 from tfos.cluster.node.context import NodeContext
@@ -81,6 +82,8 @@ def run_node(cfg: M.NodeConfig) -> int:
         if importing.is_alive():
             raise TFOSTimeoutError(f"importing tensorflow took longer than {c.reservation_timeout:g} s "
                                    "(reservation_timeout)")
+    if "tensorflow" in sys.modules:  # TF opens hdfs:// itself when tfos's plugin is built (tfos.data.tfhdfs)
+        tfhdfs.register()
     main_fun, args, hooks = load_function_file(cfg.fn_path)
     reporter = Reporter(driver, c.report_interval, c.timeline, c.metric_history)
     ctx = NodeContext(cfg, reply.nodes, held, hub, hooks, reporter)

@@ -3,9 +3,10 @@
   clients      write then read a 256 MB file with each Python HDFS client: hdfs-native (HDFS RPC,
                Rust), hdfs (WebHDFS over HTTP) and pyarrow's HadoopFileSystem (libhdfs + a JVM),
                with install size and what each needs on an executor
-  tfrecord     one rank's TFRecord shard read through tfos (tfos.data.tfrecord_dataset, the arrow
-               reader on hdfs-native) against hdfs-native reading the same bytes raw (its range
-               stream, the reference, and read(8 MB) calls), with the machine's CPU-seconds
+  tfrecord     one rank's TFRecord shard read through tfos (tfos.data.tfrecord_dataset: TensorFlow
+               through tfos's hdfs:// plugin, and the arrow reader on hdfs-native) against
+               hdfs-native reading the same bytes raw (its range stream, the reference, and
+               read(8 MB) calls), with the machine's CPU-seconds
   checkpoint   a ~100 MB model saved with tf.train.Checkpoint to hdfs:// through tfos's staging
                mirror (save locally + the mirror's last pass) against the same save to a local dir
 
@@ -137,28 +138,38 @@ def tfrecord(cluster, mb, repeat):
             while r.read(BLOCK):
                 pass
 
-    def through_tfos():  # in batches, as training reads it: per-element Python iteration would be the cost
-        count = 0
-        for batch in data.tfrecord_dataset([uri], reader="arrow").batch(256):
-            count += int(batch.shape[0])
-        assert count == n, count
+    def through(reader):  # in batches, as training reads it: per-element Python iteration would be the cost
+        def read():
+            count = 0
+            for batch in data.tfrecord_dataset([uri], reader=reader).batch(256):
+                count += int(batch.shape[0])
+            assert count == n, count
+        return read
+
+    from tfos.data import tfhdfs
+
+    tfhdfs.build()  # TensorFlow's own hdfs:// (the plugin), the 'tensorflow' reader
+    through_tfos, through_plugin = through("arrow"), through("tensorflow")
 
     # alternate the three in each round (the machine's load drifts), best of ``repeat`` rounds; the
     # CPU-seconds the whole machine spent (DataNodes, reader process, TF) go with each best time
-    times = {"raw": [], "raw_blocks": [], "tfos": []}
+    times = {"raw": [], "raw_blocks": [], "tfos": [], "plugin": []}
     for _ in range(repeat):
-        for name, fn in (("raw", raw), ("raw_blocks", raw_blocks), ("tfos", through_tfos)):
+        for name, fn in (("raw", raw), ("raw_blocks", raw_blocks), ("tfos", through_tfos), ("plugin", through_plugin)):
             t0, c0 = time.perf_counter(), machine_cpu()
             fn()
             times[name].append((time.perf_counter() - t0, machine_cpu() - c0))
-    (t_raw, c_raw), (t_blocks, c_blocks), (t_tfos, c_tfos) = (min(times[k]) for k in ("raw", "raw_blocks", "tfos"))
+    (t_raw, c_raw), (t_blocks, c_blocks), (t_tfos, c_tfos), (t_plug, c_plug) = (
+        min(times[k]) for k in ("raw", "raw_blocks", "tfos", "plugin"))
     size = n * len(frame) / 1e6
     print(f"\n== tfrecord: one rank's shard, {n} records of {len(record)} B ({size:.0f} MB), best of {repeat}")
     print(f"{'':34s} {'MB/s':>8s}  machine CPU-s")
     print(f"hdfs-native raw read_range_stream {size / t_raw:8.0f}  {c_raw:5.2f}")
     print(f"hdfs-native raw read({BLOCK >> 20} MB) calls {size / t_blocks:8.0f}  {c_blocks:5.2f}")
-    print(f"tfos tfrecord_dataset             {size / t_tfos:8.0f}  {c_tfos:5.2f}   ratio tfos/raw {t_raw / t_tfos:.2f} "
-          f"(target >= 0.8; {t_blocks / t_tfos:.2f} of the read(n) calls)")
+    print(f"tfos tfrecord_dataset, TF plugin  {size / t_plug:8.0f}  {c_plug:5.2f}   ratio tfos/raw {t_raw / t_plug:.2f} "
+          f"(target >= 0.8; {t_blocks / t_plug:.2f} of the read(n) calls)")
+    print(f"tfos tfrecord_dataset, arrow      {size / t_tfos:8.0f}  {c_tfos:5.2f}   ratio tfos/raw {t_raw / t_tfos:.2f} "
+          f"({t_blocks / t_tfos:.2f} of the read(n) calls; the reader without the plugin)")
 
 
 def checkpoint(cluster, mb, repeat):

@@ -140,12 +140,14 @@ def test_delegation_tokens_alone_reach_a_namenode_named_by_host_name(secure, tmp
 
 
 @pytest.mark.slow
-def test_spark_submit_with_a_keytab_trains_on_kerberos_yarn_with_tokens_alone_in_the_containers(secure, tmp_path):
+def test_spark_submit_with_a_keytab_trains_on_kerberos_yarn_with_tokens_alone_in_the_containers(secure, tmp_path,
+                                                                                                plugin):
     """``spark-submit --principal --keytab``, cluster deploy mode: Spark logs in from the keytab and
     hands HDFS delegation tokens to every container. The driver (in the ApplicationMaster's
     container) and the TF processes inherit the NodeManagers' environment, which holds no ticket,
     so the TFRecords written by Spark, the ranks' reads through tfos.data, the checkpoints, the
-    TensorBoard events and the export all reach HDFS through those tokens."""
+    TensorBoard events and the export all reach HDFS through those tokens; the ranks' TFRecords are
+    read by TensorFlow itself, through the hdfs:// plugin named in the executors' environment."""
     cluster, _ = secure
     pids = json.loads((cluster.dir / "pids").read_text())
     for name in ("nodemanager-0", "nodemanager-1"):
@@ -154,7 +156,8 @@ def test_spark_submit_with_a_keytab_trains_on_kerberos_yarn_with_tokens_alone_in
     out = "hdfs:///tmp/secure-yarn"
     run = yarn.spark_submit(cluster, os.path.join(ROOT, "examples", "digits", "digits_tf.py"),
                             ["--epochs", "2", "--data-dir", "hdfs:///tmp/secure-yarn-data", "--output-dir", out,
-                             "--export-dir", f"{out}/export"], deploy_mode="cluster", cwd=str(tmp_path))
+                             "--export-dir", f"{out}/export"], deploy_mode="cluster", cwd=str(tmp_path),
+                            conf={"spark.executorEnv.TFOS_HDFS_TF_PLUGIN": plugin})
     assert run.returncode == 0 and run.app_id, run.describe()
     report = yarn.application_report(cluster, run.app_id)
     assert (report["state"], report["finalStatus"]) == ("FINISHED", "SUCCEEDED"), report
@@ -164,6 +167,8 @@ def test_spark_submit_with_a_keytab_trains_on_kerberos_yarn_with_tokens_alone_in
                                                                                      "tfos-node-1.log"], list(logs)
     text = "".join(logs.values())
     assert float(re.search(r"test accuracy ([\d.]+)", text).group(1)) >= 0.8, list(logs)
+    assert all("TensorFlow opens hdfs:// through tfos's plugin" in body for name, body in logs.items()
+               if "tfos-node-" in name), "the TF processes did not load the plugin"
     files = cluster.fs("-ls", "-R", "/tmp").stdout
     for pattern in (r"/tmp/secure-yarn-data/train/part-\d+\.tfrecord", r"/tmp/secure-yarn/logs/checkpoint/ckpt-\d+\.index",
                     r"/tmp/secure-yarn/logs/train/events\.out\.tfevents\.", r"/tmp/secure-yarn/export/saved_model\.pb"):

@@ -176,7 +176,7 @@ def register(required: bool = False) -> bool:
             return False
         _set_default_url(path)
         _registered = path
-        logger.debug("TensorFlow opens hdfs:// through %s", path)
+        logger.info("TensorFlow opens hdfs:// through tfos's plugin %s", path)
         return True
 
 

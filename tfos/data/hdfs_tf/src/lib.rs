@@ -830,23 +830,3 @@ pub unsafe extern "C" fn TF_InitPlugin(info: *mut TF_FilesystemPluginInfo) {
     }
     (*info).ops = ops;
 }
-
-#[cfg(test)]
-mod tests {
-    use super::split_uri;
-
-    #[test]
-    fn uris_split_into_base_and_path() {
-        let cases = [
-            ("hdfs://nn:8020/a/b", ("hdfs://nn:8020", "/a/b")),
-            ("hdfs:///a", ("hdfs://", "/a")),
-            ("hdfs://nn:8020", ("hdfs://nn:8020", "/")),
-            ("viewfs://cluster/x", ("viewfs://cluster", "/x")),
-        ];
-        for (uri, (base, path)) in cases {
-            let (b, p) = split_uri(uri).ok().unwrap();
-            assert_eq!((b.as_str(), p.as_str()), (base, path), "{uri}");
-        }
-        assert!(split_uri("/local/path").is_err());
-    }
-}

@@ -22,6 +22,10 @@ from tfos.errors import ConfigError, FeedError, TFOSError
 from tfos.data.datasets import no_autoshard
 
 
+#: TFRecordDataset's read size on hdfs:// through the plugin (TF's default, 256 KB, costs more CPU per byte)
+PLUGIN_READ_BUFFER = 4 << 20
+
+
 def tfrecord_dataset(files, compression_type="auto", features=None, reader: str = "auto",
                      buffer_size: int | None = None, num_parallel_reads: int | None = None,
                      verify_checksums="auto", batch_size: int | None = None, uneven: str | None = "drop"):
@@ -63,9 +67,11 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
     if reader == "auto":
         reader = "tensorflow" if all(p is not None or _tf_opens(f) for p, f in zip(local, files)) else "arrow"
     if reader == "tensorflow":
-        for p, f in zip(local, files):
-            if p is None:
-                _tf_opens(f, required=True)  # hdfs://: TF opens it through tfos's plugin from here on
+        remote = [f for p, f in zip(local, files) if p is None]
+        for f in remote:
+            _tf_opens(f, required=True)  # hdfs://: TF opens it through tfos's plugin from here on
+        if remote and buffer_size is None:  # fewer, larger reads of the plugin's stream (bench/README, HDFS)
+            buffer_size = PLUGIN_READ_BUFFER
         names = [p if p is not None else f for p, f in zip(local, files)]
         ds = tf.data.TFRecordDataset(tf.constant(names, dtype=tf.string), compression_type=compression,
                                      buffer_size=buffer_size, num_parallel_reads=num_parallel_reads)

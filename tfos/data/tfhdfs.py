@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -95,7 +96,8 @@ def plugin_path() -> str | None:
 
 def build(timeout: float = BUILD_TIMEOUT) -> str:
     """Compile the plugin unless this source and TF version's build is there; returns its path.
-    Cargo's downloads and build tree stay in this user's cache (``$TFOS_CACHE_DIR``)."""
+    The build tree and the library stay in this user's cache (``$TFOS_CACHE_DIR``); the crates in
+    cargo's own (``~/.cargo``)."""
     out = built_path()
     if out.is_file():
         return str(out)
@@ -118,7 +120,7 @@ def _tf_lib() -> str:
 
 
 def _build(out: Path, timeout: float) -> str:
-    from tfos.host.processes import tail, terminate
+    from tfos.host.processes import popen_dying_with_process, tail, terminate
 
     cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
     if not os.path.isfile(cargo):
@@ -130,7 +132,9 @@ def _build(out: Path, timeout: float) -> str:
     args = [cargo, "build", "--release", "--locked", "--manifest-path", str(SOURCE / "Cargo.toml")]
     logger.info("building the hdfs:// plugin for TensorFlow (cargo, a few minutes once); log: %s", log)
     with open(log, "wb") as f:
-        proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # its own process group (terminate() stops cargo and its rustc children), SIGTERM if we die
+        proc = popen_dying_with_process(args, signal.SIGTERM, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

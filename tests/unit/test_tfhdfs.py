@@ -57,3 +57,16 @@ def test_without_a_plugin_register_says_how_to_get_one(cache):
     assert tfhdfs.register() is False
     with pytest.raises(HadoopConfigError, match="tfos.data.tfhdfs build"):
         tfhdfs.register(required=True)
+
+
+def test_a_failed_build_says_so_with_cargos_last_lines(cache, monkeypatch, tmp_path):
+    """The build runs cargo (here one that fails at once) and reports its output; nothing is cached."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cargo = bin_dir / "cargo"
+    cargo.write_text("#!/bin/sh\necho 'error[E0425]: cannot find value' >&2\nexit 101\n")
+    cargo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(tfhdfs.PluginBuildError, match=r"(?s)cargo exit 101.*cannot find value"):
+        tfhdfs.build()
+    assert tfhdfs.plugin_path() is None

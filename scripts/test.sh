@@ -34,14 +34,14 @@ if [ "$#" -eq 0 ]; then
 fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_MULTIHOST:-0}" != "1" ]; then
   echo "== multi-host tests (Spark standalone, one network namespace per host)"
-  run_pytest "multi-host" python -m pytest --multihost
+  run_pytest "multi-host" python -m pytest --multihost --durations=10
 fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HADOOP:-0}" != "1" ]; then
   echo "== Hadoop tests (HDFS + YARN daemons, Hadoop 3.5.0 from Maven Central)"
   start=$SECONDS  # TensorFlow's hdfs:// plugin (cargo; kept in the cache by source and TF version)
   python -m tfos.data.tfhdfs build
   echo "== hdfs:// plugin for TensorFlow ready: $((SECONDS - start)) s"
-  run_pytest "Hadoop" python -m pytest --hadoop
+  run_pytest "Hadoop" python -m pytest --hadoop --durations=10
 fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HOROVOD:-0}" != "1" ]; then
   echo "== Horovod tests (TF 2.15 + Horovod 0.28.1 environment)"

@@ -177,3 +177,28 @@ def test_switched_off_tfos_reads_through_its_own_layer(hadoop, plugin, tmp_path)
         print(json.dumps(out))
     """, f"hdfs://{base}/r.tfrecord", env={"TFOS_HDFS_TF": "0"})
     assert got == {"records": 50, "plugin": None, "tf_alone": "unimplemented"}
+
+
+def test_a_stopped_datanode_does_not_stop_a_read(hadoop, plugin, tmp_path):
+    """Replication 2 and 1 MB blocks: with a DataNode stopped (the NameNode still lists it, so a
+    block's first location is often the dead one), TF reads every byte from the other replicas."""
+    blob = np.random.default_rng(2).integers(0, 256, (6 << 20) + 777, dtype=np.uint8).tobytes()
+    (tmp_path / "blob").write_bytes(blob)
+    base = "/tests/plugin-datanode"
+    hadoop.fs("-mkdir", "-p", base)
+    hadoop.fs("-D", "dfs.blocksize=1048576", "-put", "-f", str(tmp_path / "blob"), base)
+    assert hadoop.fs("-stat", "%r %o", f"{base}/blob").stdout.split() == ["2", "1048576"]
+    hadoop.stop_daemon("datanode-0")
+    try:
+        got = _tf(hadoop, """
+            import hashlib, json, sys
+            import tensorflow as tf
+            from tfos.data import tfhdfs
+
+            tfhdfs.register(required=True)
+            with tf.io.gfile.GFile(sys.argv[1], "rb") as f:
+                print(json.dumps({"sha": hashlib.sha256(f.read()).hexdigest()}))
+        """, f"hdfs://{base}/blob")
+    finally:
+        hadoop.start_daemon("datanode-0")
+    assert got["sha"] == hashlib.sha256(blob).hexdigest()

@@ -25,6 +25,7 @@ def test_without_a_build_there_is_no_plugin(cache):
 
 def test_a_build_in_the_cache_is_found_and_the_switch_turns_it_off(cache, monkeypatch):
     lib = tfhdfs.built_path()
+    lib.parent.mkdir(mode=0o700, parents=True)
     lib.write_bytes(b"\x7fELF")
     assert tfhdfs.plugin_path() == str(lib)
     monkeypatch.setenv(tfhdfs.ENV_SWITCH, "0")
@@ -70,3 +71,10 @@ def test_a_failed_build_says_so_with_cargos_last_lines(cache, monkeypatch, tmp_p
     with pytest.raises(tfhdfs.PluginBuildError, match=r"(?s)cargo exit 101.*cannot find value"):
         tfhdfs.build()
     assert tfhdfs.plugin_path() is None
+
+
+def test_looking_for_a_plugin_writes_nothing(cache):
+    """Every TF process looks at start-up; where its HOME is not its own (a YARN container) a
+    lookup that created the cache would fail the node."""
+    assert tfhdfs.plugin_path() is None
+    assert not (cache / "cache").exists()

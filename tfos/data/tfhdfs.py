@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -33,7 +34,7 @@ import threading
 from pathlib import Path
 
 from tfos.errors import HadoopConfigError, TFOSError
-from tfos.host.private import check_trusted_file, user_cache_dir
+from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def _sources() -> list[Path]:
     return sorted([SOURCE / "Cargo.toml", SOURCE / "Cargo.lock", SOURCE / "build.rs", *(SOURCE / "src").glob("*.rs")])
 
 
+@functools.lru_cache(maxsize=4)
 def source_key(tf_version: str) -> str:
     """What a build depends on: the plugin's sources and the TF it links against."""
     h = hashlib.sha256(tf_version.encode())
@@ -75,8 +77,8 @@ def _tf_version() -> str:
 
 
 def built_path() -> Path:
-    """Where this source and TF version's build is (whether or not it exists yet)."""
-    return Path(user_cache_dir(f"hdfs-tf-{source_key(_tf_version())}")) / LIBRARY
+    """Where this source and TF version's build is (whether or not it exists yet; nothing is created)."""
+    return Path(user_cache_root()) / f"hdfs-tf-{source_key(_tf_version())}" / LIBRARY
 
 
 def plugin_path() -> str | None:
@@ -91,7 +93,10 @@ def plugin_path() -> str | None:
         check_trusted_file(given)
         return given
     path = built_path()
-    return str(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    check_trusted_file(str(path))
+    return str(path)
 
 
 def build(timeout: float = BUILD_TIMEOUT) -> str:
@@ -101,6 +106,7 @@ def build(timeout: float = BUILD_TIMEOUT) -> str:
     out = built_path()
     if out.is_file():
         return str(out)
+    user_cache_dir(out.parent.name)  # created 0700 (and checked) only to build into
     with open(Path(user_cache_dir()) / "hdfs-tf.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then find it
         if out.is_file():

@@ -56,11 +56,17 @@ def private_dir(*parts: str, create: bool = True) -> str:
     return path
 
 
-def user_cache_dir(*parts: str) -> str:
-    """``$TFOS_CACHE_DIR`` (default ``~/.cache/tfos``) and ``parts`` below it: this user's cache of
-    downloads and builds, each level created 0700 or checked like :func:`check_private`."""
-    path = os.environ.get("TFOS_CACHE_DIR") or os.path.join(
+def user_cache_root() -> str:
+    """``$TFOS_CACHE_DIR`` (default ``~/.cache/tfos``), this user's cache of downloads and builds:
+    its path only, nothing created (a lookup must not write where a process's HOME may be foreign)."""
+    return os.environ.get("TFOS_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfos")
+
+
+def user_cache_dir(*parts: str) -> str:
+    """:func:`user_cache_root` and ``parts`` below it, each level created 0700 or checked like
+    :func:`check_private`."""
+    path = user_cache_root()
     for part in ("",) + parts:
         path = os.path.join(path, part) if part else path
         os.makedirs(path, mode=0o700, exist_ok=True)

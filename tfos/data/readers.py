@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tfos.data import equal
-from tfos.data.fs import _file_list, _local_path, _resolve
+from tfos.data import equal, tfhdfs
+from tfos.data.fs import _file_list, _local_path, _resolve, _scheme
 from tfos.data.spool import spool_paths
 from tfos.data.tfrecord import _compression_of, _norm_compression
 from tfos.errors import ConfigError, FeedError, TFOSError
@@ -64,14 +64,15 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
     else:
         compression = _norm_compression(compression_type)
     local = [_local_path(f) for f in files]
+    remote = [f for p, f in zip(local, files) if p is None]
+    on_plugin = [f for f in remote if _scheme(f) in ("hdfs", "viewfs")]  # what TF opens through tfos's plugin
     if reader == "auto":
-        reader = "tensorflow" if all(p is not None or _tf_opens(f) for p, f in zip(local, files)) else "arrow"
-    if reader == "tensorflow":
-        remote = [f for p, f in zip(local, files) if p is None]
-        for f in remote:
-            _tf_opens(f, required=True)  # hdfs://: TF opens it through tfos's plugin from here on
-        if remote and buffer_size is None:  # fewer, larger reads of the plugin's stream (bench/README, HDFS)
+        reader = "tensorflow" if len(on_plugin) == len(remote) and (not on_plugin or tfhdfs.register()) else "arrow"
+    if reader == "tensorflow" and on_plugin:
+        tfhdfs.register(required=True)  # a no-op once registered; else HadoopConfigError names the fix
+        if buffer_size is None:  # fewer, larger reads of the plugin's stream (bench/README, HDFS)
             buffer_size = PLUGIN_READ_BUFFER
+    if reader == "tensorflow":
         names = [p if p is not None else f for p, f in zip(local, files)]
         ds = tf.data.TFRecordDataset(tf.constant(names, dtype=tf.string), compression_type=compression,
                                      buffer_size=buffer_size, num_parallel_reads=num_parallel_reads)
@@ -90,15 +91,6 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
             ds = equal.equalize(ds, rank_shard, equal.count_tfrecords(files, compression), batch_size, uneven,
                                 weights_as_tuple=features is None)
     return no_autoshard(ds)
-
-
-def _tf_opens(uri: str, required: bool = False) -> bool:
-    """TF opens ``uri`` itself: an hdfs:// or viewfs:// URI once tfos's plugin is registered
-    (``required``: registering it must succeed, else HadoopConfigError names the fix)."""
-    from tfos.data.fs import _scheme
-    from tfos.data.tfhdfs import register
-
-    return _scheme(uri) in ("hdfs", "viewfs") and register(required)
 
 
 # --------------------------------------------------------------------------- Arrow batches -> tf.data

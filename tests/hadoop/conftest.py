@@ -40,3 +40,12 @@ def hadoop(tmp_path_factory):
 def secure_hadoop(tmp_path_factory):
     """The Kerberos cluster (``up --kerberos``): (handle, the test user's KRB5_* and HADOOP_CONF_DIR)."""
     yield from _cluster(tmp_path_factory.mktemp("secure-hadoop"), "--kerberos")
+
+
+@pytest.fixture(scope="session")
+def plugin():
+    """TensorFlow's own hdfs:// (tfos.data.tfhdfs): built once per source and TF version; CI builds
+    it before the suite."""
+    from tfos.data import tfhdfs
+
+    return tfhdfs.build()

@@ -85,13 +85,6 @@ def _client(secure, tmp_path, uri, *, keytab=False, tokens=None, conf=None, read
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    from tfos.data import tfhdfs
-
-    return tfhdfs.build()  # TensorFlow's own hdfs:// (tfos.data.tfhdfs); CI builds it before the suite
-
-
 @pytest.mark.parametrize("reader", ["arrow", "tensorflow"])
 def test_a_keytab_reads_records_and_writes(secure, tmp_path, plugin, reader):
     cluster, _ = secure

@@ -15,13 +15,6 @@ import pytest
 pytest.importorskip("tensorflow")
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    from tfos.data import tfhdfs
-
-    return tfhdfs.build()  # once per source and TF version; CI builds it before the suite
-
-
 def _tf(hadoop, script, *args, env=None):
     """``script`` in a fresh Python with HADOOP_CONF_DIR; returns the JSON of its last line."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,

@@ -141,6 +141,15 @@ impl WriteFile {
         w.write_bytes(data).map_err(|e| hdfs_err(e, &self.uri))?;
         Ok(())
     }
+
+    /// ``then`` on the file's state while it is open; nothing (and OK) once it is closed.
+    fn while_open(&self, then: impl FnOnce(&mut WriteState) -> Res<()>) -> Res<()> {
+        let mut st = self.state.lock().unwrap();
+        if st.writer.is_none() {
+            return Ok(());
+        }
+        then(&mut st)
+    }
 }
 
 pub(crate) unsafe fn wfile<'a>(file: *const TF_WritableFile) -> &'a WriteFile {
@@ -183,51 +192,40 @@ pub(crate) unsafe extern "C" fn w_tell(file: *const TF_WritableFile, status: *mu
 
 pub(crate) unsafe extern "C" fn w_flush(file: *const TF_WritableFile, status: *mut TF_Status) {
     let f = wfile(file);
-    guarded(status, || {
-        let mut st = f.state.lock().unwrap();
-        if st.writer.is_none() {
-            return Ok(());
-        }
-        f.send(&mut st)
-    })
+    guarded(status, || f.while_open(|st| f.send(st)))
 }
 
 pub(crate) unsafe extern "C" fn w_sync(file: *const TF_WritableFile, status: *mut TF_Status) {
     let f = wfile(file);
     guarded(status, || {
-        let mut st = f.state.lock().unwrap();
-        if st.writer.is_none() {
-            return Ok(());
-        }
-        f.send(&mut st)?;
-        st.writer.as_mut().unwrap().hsync().map_err(|e| hdfs_err(e, &f.uri))
+        f.while_open(|st| {
+            f.send(st)?;
+            st.writer.as_mut().unwrap().hsync().map_err(|e| hdfs_err(e, &f.uri))
+        })
     })
 }
 
 pub(crate) unsafe extern "C" fn w_close(file: *const TF_WritableFile, status: *mut TF_Status) {
     let f = wfile(file);
     guarded(status, || {
-        let mut st = f.state.lock().unwrap();
-        if st.writer.is_none() {
-            return Ok(());
-        }
-        let sent = f.send(&mut st);
-        let mut w = st.writer.take().unwrap();
-        let closed = w.close().map_err(|e| hdfs_err(e, &f.uri));
-        sent.and(closed)
+        f.while_open(|st| {
+            let sent = f.send(st);
+            let closed = st.writer.take().unwrap().close().map_err(|e| hdfs_err(e, &f.uri));
+            sent.and(closed)
+        })
     })
 }
 
 pub(crate) unsafe fn open_writer(path: *const c_char, file: *mut TF_WritableFile, append: bool) -> Res<()> {
     let (c, p, uri) = resolve(path)?;
-    let exists = match c.get_file_info(&p) {
+    let length = match c.get_file_info(&p) {
         Ok(st) if st.isdir => return Err(err(FAILED_PRECONDITION, format!("{uri}: is a directory"))),
-        Ok(_) => true,
-        Err(HdfsError::FileNotFound(_)) => false,
+        Ok(st) => Some(st.length as i64),
+        Err(HdfsError::FileNotFound(_)) => None,
         Err(e) => return Err(hdfs_err(e, &uri)),
     };
-    let (writer, written) = if append && exists {
-        let length = c.get_file_info(&p).map_err(|e| hdfs_err(e, &uri))?.length as i64;
+    let exists = length.is_some();
+    let (writer, written) = if let (true, Some(length)) = (append, length) {
         (c.append(&p).map_err(|e| hdfs_err(e, &uri))?, length)
     } else {
         // TF's contract: the parent must exist (create_parent false), an existing file is truncated

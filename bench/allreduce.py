@@ -133,10 +133,11 @@ def worker_tf(mode: str, rank: int, ports, sizes, pack: int) -> dict:
     return out
 
 
-def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5) -> dict:
+def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5, threads=()) -> dict:
     """The torch reference and tfos's Gloo variants in the same two processes, on the same Gloo
     connections (keras_dist's group), alternating round by round so that the machine's drift
-    hits all alike; per variant the median round."""
+    hits all alike; per variant the median round. ``threads``: also "grads" on extra Gloo groups
+    of that many threads each (tfos.tf.gloo.THREADS is the group's own)."""
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                           "task": {"type": "worker", "index": rank}})
     import tensorflow as tf
@@ -147,7 +148,20 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5) -> dict:
     from tfos.tf.workers import _state
 
     keras_dist.init_collectives(implementation="gloo")
-    pg = _state.gloo.pg
+    group = _state.gloo
+    pg = group.pg
+    extra = {}
+    for th in threads:  # the same ranks, another Gloo group with th threads (a store prefix of its own)
+        import datetime
+
+        import torch.distributed as dist
+
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = datetime.timedelta(seconds=group.timeout_seconds)
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        opts._threads = th
+        extra[th] = dist.ProcessGroupGloo(dist.PrefixStore(f"bench-threads-{th}", group._store), rank, group.size,
+                                          opts)
 
     def variants(size):
         n = size // 4  # static shapes, as a model's gradients have
@@ -171,9 +185,20 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5) -> dict:
         def kept(t):  # the caller keeps t: the result is a copy
             return keras_dist.allreduce(t, average=False)
 
+        def on(group_pg):  # grads on another group's connections
+            def run():
+                group.pg = group_pg
+                try:
+                    return grads()
+                finally:
+                    group.pg = pg
+            return run
+
         ref, t = torch.ones(n), tf.ones([n], tf.float32)
-        return {"torch Gloo (ref)": lambda: pg.allreduce([ref]).wait(), "tfos gloo": fresh,
-                "tfos gloo grads": grads, "tfos gloo grads loop": grads_loop, "tfos gloo kept": lambda: kept(t)}
+        fns = {"torch Gloo (ref)": lambda: pg.allreduce([ref]).wait(), "tfos gloo": fresh,
+               "tfos gloo grads": grads, "tfos gloo grads loop": grads_loop, "tfos gloo kept": lambda: kept(t)}
+        fns.update({f"grads, {th} threads": on(p) for th, p in extra.items()})
+        return fns
 
     out = {}
     for size in sizes:
@@ -212,12 +237,13 @@ def worker_hvd(sizes) -> dict:
     return out if hvd.rank() == 0 else {}
 
 
-def run_ranks(mode: str, sizes, ranks: int = 2, pack: int = 0, timeout: float = 1800) -> dict:
+def run_ranks(mode: str, sizes, ranks: int = 2, pack: int = 0, timeout: float = 1800, threads: str = "") -> dict:
     ports = free_ports(ranks)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **tf_process_env())
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, "--rank", str(r),
                                "--ports", ",".join(map(str, ports)), "--pack", str(pack),
-                               "--sizes", ",".join(map(str, sizes))], stdout=subprocess.PIPE,
+                               "--sizes", ",".join(map(str, sizes)), "--gloo-threads", threads],
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, env=env, start_new_session=True) for r in range(ranks)]
     try:
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
@@ -297,13 +323,17 @@ def main(argv=None):
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--ports", default="")
     p.add_argument("--pack", type=int, default=0)
+    p.add_argument("--gloo-threads", default="", help="also run 'grads' on Gloo groups of these thread counts, "
+                   "e.g. 2,4 (alternating with the rest)")
     args = p.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if args.worker:
         if args.worker == "horovod":
             res = worker_hvd(sizes)
         elif args.worker == "alternating":
-            res = worker_gloo_alternating(args.rank, [int(x) for x in args.ports.split(",")], sizes)
+            res = worker_gloo_alternating(args.rank, [int(x) for x in args.ports.split(",")], sizes,
+                                          rounds=7 if args.gloo_threads else 5,
+                                          threads=[int(x) for x in args.gloo_threads.split(",") if x])
         else:
             res = worker_tf(args.worker, args.rank, [int(x) for x in args.ports.split(",")], sizes, args.pack)
         if res and (args.rank == 0 or args.worker == "horovod"):
@@ -321,7 +351,7 @@ def main(argv=None):
         results = {}
         if ranks == 2 and "socket copy" not in skip:
             results["socket copy"] = socket_copy(sizes)
-        results.update(run_ranks("alternating", sizes, ranks))
+        results.update(run_ranks("alternating", sizes, ranks, threads=args.gloo_threads))
         for name, mode in columns:
             if name not in skip:
                 results[name] = run_ranks(mode, sizes, ranks)
@@ -350,7 +380,7 @@ def print_table(ranks: int, sizes, results) -> None:
     for size in sizes:
         parts = []
         for name in ("tfos gloo", "tfos gloo grads", "tfos gloo grads loop", "tfos gloo kept", "tfos gloo fp16",
-                     "tfos gloo bf16"):
+                     "tfos gloo bf16", *(n for n in names if n.startswith("grads, "))):
             if name in results:
                 if ref:
                     parts.append(f"{name}/torch {ref[size] / results[name][size]:.2f}")

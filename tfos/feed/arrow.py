@@ -225,6 +225,52 @@ def to_ipc(batch: pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
+class _Gather:
+    """A write-only file for pyarrow's IPC writer that keeps what it is given instead of copying
+    it: the body buffers arrive as ``pyarrow.Buffer`` views of the batch's own memory."""
+
+    closed = False
+
+    def __init__(self):
+        self.parts: list = []
+
+    def write(self, data) -> int:
+        n = memoryview(data).nbytes
+        if n:
+            self.parts.append(data)
+        return n
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def ipc_parts(batch: pa.RecordBatch) -> list:
+    """The Arrow IPC stream of ``batch`` (the bytes :func:`to_ipc` makes) as a list of buffers to
+    send one after the other, without copying the batch: its column buffers are in the list as
+    views of its memory; the small pieces between them (message headers, padding) are joined."""
+    sink = _Gather()
+    with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), batch.schema) as w:
+        w.write_batch(batch)
+    parts, small = [], []
+    for part in sink.parts:
+        if isinstance(part, bytes):
+            small.append(part)
+            continue
+        if small:
+            parts.append(b"".join(small))
+            small = []
+        parts.append(part)
+    if small:
+        parts.append(b"".join(small))
+    return parts
+
+
 def _field_pos(buf: bytes, table: int, index: int) -> int | None:
     """Position of field ``index`` of the flatbuffer table at ``table``, None when absent."""
     vtable = table - struct.unpack_from("<i", buf, table)[0]

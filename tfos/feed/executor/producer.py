@@ -25,6 +25,10 @@ from tfos.wire.clients import DriverClient, FeedClient
 logger = logging.getLogger(__name__)
 
 TARGET_CHUNK_BYTES = 4 * 1024 * 1024
+#: chunks hold a multiple of this many rows: every column of 4-byte or wider values is then a
+#: multiple of 64 bytes long, so each column after the first starts 64-byte aligned in the data
+#: frame too (the receiver aligns the first; TensorFlow takes aligned arrays without a copy)
+ROW_MULTIPLE = 16
 
 
 def _row_bytes(batch: pa.RecordBatch) -> int:
@@ -44,14 +48,14 @@ def rows_to_chunks(iterator, partition: int, chunk_rows: int | None):
         index += len(rows)
         yield batch
         if chunk_rows is None:
-            size = max(64, min(65536, TARGET_CHUNK_BYTES // _row_bytes(batch)))
+            size = max(64, min(65536, TARGET_CHUNK_BYTES // _row_bytes(batch))) // ROW_MULTIPLE * ROW_MULTIPLE
 
 
 def arrow_to_chunks(batches, chunk_rows: int | None):
     for b in batches:
         if b.num_rows == 0:
             continue
-        step = chunk_rows or max(64, TARGET_CHUNK_BYTES // _row_bytes(b))
+        step = chunk_rows or max(64, TARGET_CHUNK_BYTES // _row_bytes(b)) // ROW_MULTIPLE * ROW_MULTIPLE
         for off in range(0, b.num_rows, step):
             yield b.slice(off, step)
 
@@ -124,7 +128,7 @@ class _Sender:
             if self.gated and safe > self.safe_sent.get(node, 0):
                 client.send_safe(safe)
                 self.safe_sent[node] = safe
-            client.send_batch(arrow.to_ipc(batch))
+            client.send_batch(arrow.ipc_parts(batch))
         except socket.timeout:
             raise FeedTimeoutError(
                 f"node {node} accepted no data for {self.cfg.feed_timeout:.0f}s while feeding partition "

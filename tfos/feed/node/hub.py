@@ -74,7 +74,7 @@ class Origin:
             if results:
                 batch = arrow.results_to_batch(results)
                 self.ch.send(M.FeedResults(batch.num_rows))
-                self.ch.send_data(arrow.to_ipc(batch))
+                self.ch.send_data(arrow.ipc_parts(batch))
             self.rows_answered += len(results)
             self.cond.notify_all()
 

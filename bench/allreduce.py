@@ -140,8 +140,11 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5, threads=()
     of that many threads each (tfos.tf.gloo.THREADS is the group's own)."""
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                           "task": {"type": "worker", "index": rank}})
+    import datetime
+
     import tensorflow as tf
     import torch
+    import torch.distributed as dist
 
     sys.path.insert(0, ROOT)
     from tfos import keras_dist
@@ -152,10 +155,6 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5, threads=()
     pg = group.pg
     extra = {}
     for th in threads:  # the same ranks, another Gloo group with th threads (a store prefix of its own)
-        import datetime
-
-        import torch.distributed as dist
-
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = datetime.timedelta(seconds=group.timeout_seconds)
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]

@@ -18,7 +18,9 @@ Rows: 784 float32 features + an int label (MNIST-shaped), generated on the execu
 
 Prints rows/s, MB/s and the ratios b/c and b/a, and the peak RSS of the TF processes.
   limit       train() into dataset(256) and batches(256) against (a), alternating on one cluster
-Run:  bash scripts/bench.sh feed [--only all|batch|inference|dataframe|gate|limit] [--rows N] [--infer-rows N]
+  chunk-size  train() into dataset(B) and batches(B) with chunks of each --chunk-mb size (train's
+              chunk_rows), alternating on one cluster
+Run:  bash scripts/bench.sh feed [--only all|batch|inference|dataframe|gate|limit|chunk-size] [--rows N] ...
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def tfos_path_counter(plan, ctx):
         feed = ctx.get_data_feed(train_mode=True)
         dropped = feed.hub.rows_dropped
         cpu0 = time.process_time()
-        if path in ("batches", "warm-up") or path.startswith("batches"):
+        if path == "warm-up" or path.startswith("batches"):
             n = sum(len(labels) for _x, labels in feed.batches(batch))
         else:
             ds = feed.dataset(batch)
@@ -111,9 +113,9 @@ def tfos_path_counter(plan, ctx):
             f"cpu_{i}": round(time.process_time() - cpu0, 2)})
 
 
-def run_plan(sc, rows, partitions, plan, uneven=lambda key: "drop", before=None):
+def run_plan(sc, rows, partitions, plan, uneven=lambda key: "drop", before=None, chunk_rows=lambda key: None):
     """One train() per (path, batch) of ``plan`` on one cluster (``uneven(key)``: the feed's policy;
-    ``before(key)`` runs ahead of each feed while the cluster waits). Returns, per feed, (key, rows/s,
+    ``before(key)`` runs ahead of each feed while the cluster waits; ``chunk_rows(key)``: train's). Returns, per feed, (key, rows/s,
     the machine's CPU-s, the driver process's CPU-s, the TF processes' CPU-s), and the nodes' metrics."""
     from tfos import InputMode, TFCluster
     from tfos.testing import wait_for
@@ -127,7 +129,7 @@ def run_plan(sc, rows, partitions, plan, uneven=lambda key: "drop", before=None)
             if before is not None:
                 before(key)
             t0, m0, d0 = time.perf_counter(), machine_cpu(), time.process_time()
-            n = cluster.train(rdd, num_epochs=1, uneven=uneven(key))
+            n = cluster.train(rdd, num_epochs=1, uneven=uneven(key), chunk_rows=chunk_rows(key))
             rate = n / (time.perf_counter() - t0)
             machine, driver = machine_cpu() - m0, time.process_time() - d0
             assert wait_for(lambda: sum(m.get(f"rows_{i}", 0) for m in cluster.metrics().values()) == rows, 30), \
@@ -152,6 +154,35 @@ def tfos_by_batch(sc, rows, partitions, sizes, plan=None, uneven=lambda key: "dr
         print(f"  {key}: machine {machine:.2f} CPU-s, driver {driver:.2f}; " + ", ".join(
             f"node {n}: {m.get(f'gate_{i}')} tf {m.get(f'cpu_{i}')} CPU-s" for n, m in metrics.items()))
     return {k: sorted(v)[len(v) // 2] for k, v in rates.items()}
+
+
+def chunk_size(sc, args) -> None:
+    """rows/s of train() into dataset(B) and batches(B) with chunks of each of ``--chunk-mb`` MiB
+    (rows per chunk as the producer sizes them: a multiple of 16), alternating on one cluster,
+    3 rounds; medians, the machine's and the TF processes' CPU-s per feed."""
+    rounds = 3
+    mbs = args.chunk_mb.split(",")
+    rows_of = {mb: int(float(mb) * (1 << 20)) // ROW_BYTES // 16 * 16 for mb in mbs}
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    plan = [("warm-up", 256)] + [(f"{path} {mb}", b) for _ in range(rounds) for b in sizes
+                                 for path in ("dataset", "batches") for mb in mbs]
+    feeds, _ = run_plan(sc, args.batch_rows, args.partitions, plan,
+                        chunk_rows=lambda key: rows_of.get(key[0].split(" ")[-1]))
+    runs: dict = {}
+    for key, rate, machine, _driver, tf_cpu in feeds[1:]:
+        runs.setdefault(key, []).append((rate, machine, tf_cpu))
+    med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+    print(f"  {args.batch_rows:,d} rows per feed, {rounds} rounds alternating; rows/s per run, median, and the median "
+          "run's CPU-s (machine, TF processes):")
+    for (name, b), v in runs.items():
+        print(f"  batch {b:>5} {name + ' MiB':<16} " + " ".join(f"{r:>9,.0f}" for r, _, _ in v)
+              + f"   median {med[(name, b)][0]:>9,.0f}  CPU {med[(name, b)][1]:5.2f} / {med[(name, b)][2]:5.2f}")
+    for b in sizes:
+        print(f"  batch {b:>5} dataset/batches: " + ", ".join(
+            f"{mb} MiB {med[(f'dataset {mb}', b)][0] / med[(f'batches {mb}', b)][0]:.2f}" for mb in mbs)
+              + "  (target >= 0.9); " + ", ".join(
+            f"{mb} MiB / {mbs[0]} MiB: dataset {med[(f'dataset {mb}', b)][0] / med[(f'dataset {mbs[0]}', b)][0]:.2f} "
+            f"batches {med[(f'batches {mb}', b)][0] / med[(f'batches {mbs[0]}', b)][0]:.2f}" for mb in mbs[1:]))
 
 
 def gate_cost(sc, args) -> None:
@@ -482,9 +513,11 @@ def main(argv=None):
     p.add_argument("--skip-legacy", action="store_true")
     p.add_argument("--batch-rows", type=int, default=500_000, help="rows per feed of the by-batch-size table")
     p.add_argument("--batch-sizes", default="64,256,1024")
-    p.add_argument("--only", choices=("all", "batch", "inference", "dataframe", "gate", "limit"), default="all",
+    p.add_argument("--chunk-mb", default="4,16", help="chunk sizes of --only chunk-size, in MiB")
+    p.add_argument("--only", choices=("all", "batch", "inference", "dataframe", "gate", "limit", "chunk-size"),
+                   default="all",
                    help="only one part: the by-batch-size table, the inference runs, the DataFrame feeds, "
-                        "the equal-steps gate, or train() into dataset(256) against (a)")
+                        "the equal-steps gate, train() into dataset(256) against (a), or chunk sizes")
     p.add_argument("--infer-runs", type=int, default=3, help="inference runs in a row")
     p.add_argument("--df-rows", type=int, default=100_000, help="rows of the Parquet DataFrames")
     args = p.parse_args(argv)
@@ -497,8 +530,8 @@ def main(argv=None):
     print(f"feed benchmark: local-cluster[2,1,{args.memory_mb}], rows of 784 float32 + int label "
           f"({ROW_BYTES} bytes), {args.partitions} partitions, {os.cpu_count()} cores")
     make_rdd(sc, 1000, 2).count()  # warm the Python workers
-    if args.only in ("gate", "limit"):
-        (gate_cost if args.only == "gate" else limit_ratio)(sc, args)
+    if args.only in ("gate", "limit", "chunk-size"):
+        {"gate": gate_cost, "limit": limit_ratio, "chunk-size": chunk_size}[args.only](sc, args)
         spark.stop()
         return
     if args.only in ("inference", "dataframe"):

@@ -1,7 +1,7 @@
 """Where a TF process spends its time reading a feed: the consumer side alone, in one process.
 
 A producer thread puts the same Arrow chunks the feeding tasks send (784 float32 + int64 label,
-about 4 MiB each) into a real FeedHub queue, as the hub's connection threads do after reading a
+about 16 MiB each, TARGET_CHUNK_BYTES) into a real FeedHub queue, as the hub's connection threads do after reading a
 socket; the main thread reads them through each DataFeed path at each batch size:
 
   batches     feed.batches(B), a Python loop counting rows
@@ -117,7 +117,9 @@ def main(argv=None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     importlib.import_module("tensorflow")  # imported once, before any timing
 
-    chunk = make_chunk(max(64, 4 * 1024 * 1024 // ROW_BYTES))
+    from tfos.feed.executor.producer import ROW_MULTIPLE, TARGET_CHUNK_BYTES
+
+    chunk = make_chunk(TARGET_CHUNK_BYTES // ROW_BYTES // ROW_MULTIPLE * ROW_MULTIPLE)  # as the producer sizes them
     paths = args.paths.split(",")
     print(f"{'batch':>6} {'path':<11} {'rows/s':>10} {'MB/s':>8} {'x batches':>9}")
     for batch in (int(b) for b in args.batch.split(",")):

@@ -151,6 +151,30 @@ def test_plan_chunk_prefers_a_node_on_the_producing_host(live, counts, rows, loc
     assert plan_chunk(live, counts, rows, 64, local) == expected
 
 
+@pytest.mark.parametrize("live,counts,rows,local,expected", [
+    # placed a quarter at a time: the local node runs at most two quarters ahead, not two chunks
+    ([0, 1], {0: 0, 1: 0}, 4000, (0,), [(0, 3000), (1, 1000)]),
+    ([0, 1], {0: 5000, 1: 0}, 4000, (0,), [(1, 4000)]),  # far ahead: every quarter goes to the fewest
+    ([0, 1], {0: 0, 1: 3000}, 4000, (0,), [(0, 4000)]),  # behind: all of it stays local
+    ([0, 1], {0: 0, 1: 0}, 200, (0,), [(0, 200)]),  # too small to part: as before the last wave
+    ([0, 1], {0: 0, 1: 0}, 4000, (), [(0, 2000), (1, 2000)]),  # no locality: leveled as ever
+    ([0, 1], {0: 0, 1: 0}, 4001, (0,), [(0, 3001), (1, 1000)]),  # every row placed
+])
+def test_plan_chunk_places_the_last_wave_by_quarters(live, counts, rows, local, expected):
+    assert plan_chunk(live, counts, rows, 64, local, 0, last_wave=True) == expected
+    if local:  # before the last wave the whole chunk stays local while within two chunks
+        assert plan_chunk([0, 1], {0: 0, 1: 0}, 4000, 64, (0,), 0) == [(0, 4000)]
+
+
+@pytest.mark.parametrize("started,partitions,live,expected", [
+    (3, 32, 2, False), (29, 32, 2, False), (30, 32, 2, True), (31, 32, 2, True), (3, 0, 2, False), (1, 2, 2, True),
+])
+def test_last_wave_table(started, partitions, live, expected):
+    from tfos.feed.driver.scheduler import last_wave
+
+    assert last_wave(started, partitions, live) is expected
+
+
 I, F, S = Column("a", "number", "int64"), Column("a", "number", "double"), Column("a", "string", "string")
 V8, V9 = Column("v", "list<item: float>", "fixed_size_list<item: float>[8]", "8"), \
     Column("v", "list<item: float>", "fixed_size_list<item: float>[9]", "9")
@@ -441,7 +465,9 @@ def test_failure_policy_losing_a_node(job, survivable, peers, started, max_resta
 
 
 @pytest.mark.parametrize("assigned,started,partitions,live,expected", [
-    (16000, 3, 32, 2, 1000), (16000, 30, 32, 2, 0), (16000, 31, 32, 2, 0), (16000, 3, 0, 2, 0),
+    # the rows of `live` partitions of the average size so far: what the last wave can level
+    (16000, 3, 32, 2, 10666), (16000, 16, 32, 2, 2000), (16000, 16, 32, 3, 3000), (0, 0, 32, 2, 0),
+    (16000, 30, 32, 2, 0), (16000, 31, 32, 2, 0), (16000, 3, 0, 2, 0),  # the last wave; partitions unknown
 ])
 def test_locality_slack_lets_a_node_run_ahead_until_the_last_partitions(assigned, started, partitions, live, expected):
     from tfos.feed.driver.scheduler import locality_slack

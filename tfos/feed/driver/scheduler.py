@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 #: pieces smaller than this are not split off a chunk (each piece is one Arrow frame to one node)
 MIN_PIECE = 64
+#: in a feed's last wave a chunk is placed in this many parts (:func:`plan_chunk`)
+LAST_WAVE_PARTS = 4
 #: shares may part by this fraction of the rows assigned so far before chunks are split to level them
 SLACK_FRACTION = 1 / 256
 
@@ -36,7 +38,7 @@ def slack_rows(assigned: int) -> int:
 
 
 def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int,
-               local: tuple[int, ...] = (), local_slack: int = 0) -> list[tuple[int, int]]:
+               local: tuple[int, ...] = (), local_slack: int = 0, last_wave: bool = False) -> list[tuple[int, int]]:
     """Pure: the pieces ``[(node, rows)]`` of a chunk of ``rows`` rows.
 
     ``local``: the nodes on the host that produced the chunk. When other live nodes are elsewhere,
@@ -46,10 +48,23 @@ def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int,
     node with the fewest rows (lowest index on ties) while that leaves it at most ``slack`` rows
     ahead of the next; otherwise it is spread to level the shares (the fewest first), in pieces of
     at least MIN_PIECE rows. Shares part by at most two chunks, less once locality is not
-    possible: the rows equal steps may drop at the end of a feed (:mod:`tfos.feed.uneven`)."""
+    possible: the rows equal steps may drop at the end of a feed (:mod:`tfos.feed.uneven`).
+
+    ``last_wave`` (:func:`last_wave`): the feed's last partitions run, and their chunks level the
+    shares. A chunk is then placed a quarter at a time by the same rules, so the shares end at
+    most two quarter chunks apart: big chunks (fewer frames, fewer decisions) without more rows
+    for equal steps to drop."""
     if not live:
         return []
     near = [i for i in local if i in live]
+    if last_wave and near and len(near) < len(live) and rows >= LAST_WAVE_PARTS * MIN_PIECE:
+        placed, now = collections.Counter(), dict(counts)
+        for k in range(LAST_WAVE_PARTS):
+            part = rows * (k + 1) // LAST_WAVE_PARTS - rows * k // LAST_WAVE_PARTS
+            for node, r in plan_chunk(live, now, part, slack, local, local_slack):
+                placed[node] += r
+                now[node] = now.get(node, 0) + r
+        return list(placed.items())  # by first placement: the chunk's first quarter decides its first piece
     if near and len(near) < len(live):  # locality only between hosts: one host's nodes share by the rest
         mine = min(near, key=lambda i: (counts.get(i, 0), i))
         if counts.get(mine, 0) + rows <= min(counts.get(i, 0) for i in live) + max(slack, 2 * rows, local_slack):
@@ -72,13 +87,20 @@ def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int,
 
 
 def locality_slack(assigned: int, started: int, partitions: int, live: int) -> int:
-    """Pure: how far ahead a node may run on its own host's chunks: 1/16 of the rows assigned so
-    far while partitions are still to start, 0 (two chunks) once the last ones started (``live``
-    of them, one per node, may still run) or when the feed's partition count is unknown (0): the
-    last chunks then level the shares, so equal steps drop little."""
+    """Pure: how far ahead a node may run on its own host's chunks while partitions are still to
+    start: what the last wave can level, the rows of ``live`` partitions of the average size so
+    far (rows ``assigned`` over partitions ``started``); 0 (two chunks) once the last ones
+    started (``live`` of them, one per node, may still run: :func:`last_wave`, whose chunks level
+    the shares, so equal steps drop little) or when the feed's partition count is unknown (0)."""
     if partitions <= 0 or started >= partitions - live:
         return 0
-    return assigned // 16
+    return assigned * live // max(1, started)
+
+
+def last_wave(started: int, partitions: int, live: int) -> bool:
+    """Pure: the feed's last partitions (``live`` of them, one per node) have started, so the
+    chunks still to come level the shares; False while the partition count is unknown (0)."""
+    return partitions > 0 and started >= partitions - live
 
 
 def safe_rows(live: list[int], counts: dict[int, int]) -> int:
@@ -166,8 +188,10 @@ class FeedScheduler:
             started = self.started.setdefault(msg.feed_id, 0) + (msg.partition >= 0)
             self.started[msg.feed_id] = started
             assigned = sum(counts.values())
+            partitions = self.partitions.get(msg.feed_id, 0)
             pieces = plan_chunk(live, counts, msg.rows, slack_rows(assigned), local,
-                                locality_slack(assigned, started, self.partitions.get(msg.feed_id, 0), len(live)))
+                                locality_slack(assigned, started, partitions, len(live)),
+                                last_wave(started, partitions, len(live)))
             for node, rows in pieces:
                 counts[node] += rows
             if pieces:

@@ -172,6 +172,29 @@ def test_a_batch_spanning_two_chunks_is_joined_into_aligned_memory():
     assert list(_concatenate(strings)) == [b"a", b"bc", b"d"]
 
 
+
+def test_dataset_blocks_are_views_of_the_chunks_but_a_batch_that_spans_two():
+    """feed.dataset()'s blocks: a chunk's whole batches are one view of its Arrow buffer; only a
+    batch that spans two chunks is joined (a copy), as an item of its own; every row once, in order."""
+    from tfos.feed.node.datafeed import DataFeed
+    from tfos.feed.node.hub import Data, End, FeedHub, Origin
+
+    x = np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8)
+    chunks = [A.rows_to_batch([(x[i], i) for i in range(lo, min(lo + 400, 1000))]) for lo in (0, 400, 800)]
+    hub = FeedHub("test-secret")
+    q, origin = hub.queue("input"), Origin(None, train=True)
+    for c in chunks:
+        q.q.put(Data(c, origin, "f"))
+    q.q.put(End("f", 1000))
+    blocks = [cols for _schema, cols in DataFeed(hub)._blocks(64)]
+    assert [b[0].shape[:2] for b in blocks] == [(6, 64), (1, 64), (5, 64), (1, 64), (2, 64), (1, 40)]
+    np.testing.assert_array_equal(np.concatenate([b[0].reshape(-1, 8) for b in blocks]), x)
+    np.testing.assert_array_equal(np.concatenate([b[1].reshape(-1) for b in blocks]), np.arange(1000))
+    sources = [A.column_to_numpy(c.column(0), c.schema.field(0)) for c in chunks]
+    views = [any(np.shares_memory(b[0], src) for src in sources) for b in blocks]
+    assert views == [True, False, True, False, True, True]
+
+
 @pytest.mark.parametrize("rows", [
     [(np.full(3, i, np.float32), i) for i in range(250)],  # (x, y)
     [(np.full(3, i, np.float32),) for i in range(250)],  # a 1-tuple stays a 1-tuple

@@ -297,7 +297,8 @@ class DataFeed:
         hand provides, stacked: arrays of shape ``(k, batch_size, ...)``; only the last rows of a
         feed (or of a partition, in inference mode) come as ``(1, r, ...)`` with r < batch_size.
         One item per chunk instead of per batch keeps Python out of the per-batch path of
-        :meth:`dataset`. The arrays are views of the Arrow buffers where the rows lie in one chunk."""
+        :meth:`dataset`. The whole batches of a chunk are views of its Arrow buffers; only a batch
+        that spans two chunks is joined (copied), and comes as an item of its own."""
         while not self.done:
             slices = self._take(batch_size)
             got = sum(s.num_rows for s in slices)
@@ -307,18 +308,29 @@ class DataFeed:
                 if g is not None and g.policy:  # the whole batches the gate allows now, without waiting
                     more = 0 if g.totals is not None else min(more, (g.safe - g.real) // batch_size * batch_size)
                 if more:
-                    slices += self._take(more, admitted=True)
-                    got += more
-            found = self._columns(slices)
-            if found is None:
-                continue
-            schema, cols = found
-            full = got // batch_size * batch_size
-            parts = [(full // batch_size, batch_size, 0, full)] if full else []
-            if got > full:
-                parts.append((1, got - full, full, got))
-            for k, rows, lo, hi in parts:
-                yield schema, [c[lo:hi].reshape((k, rows) + c.shape[1:]) for c in cols]
+                    chunk, start = self._batch, self._offset - batch_size
+                    rest = self._take(more, admitted=True)
+                    if len(slices) == 1 and start >= 0 and not (g is not None and g.policy == "pad"):
+                        slices = [chunk.slice(start, batch_size + more)]  # one view: this chunk's rows in order
+                        got += more
+                    else:  # the first batch spans two chunks (or carries pad weights): joined on its own
+                        yield from self._stacked(slices, got, batch_size)
+                        slices, got = rest, more
+            yield from self._stacked(slices, got, batch_size)
+
+    def _stacked(self, slices, got: int, batch_size: int):
+        """``slices`` (``got`` rows) as :meth:`_blocks` items: their whole batches stacked, then any
+        short rest; one array per column, a view where the slices are one."""
+        found = self._columns(slices)
+        if found is None:
+            return
+        schema, cols = found
+        full = got // batch_size * batch_size
+        parts = [(full // batch_size, batch_size, 0, full)] if full else []
+        if got > full:
+            parts.append((1, got - full, full, got))
+        for k, rows, lo, hi in parts:
+            yield schema, [c[lo:hi].reshape((k, rows) + c.shape[1:]) for c in cols]
 
     def dataset(self, batch_size: int, output_signature=None, dtypes=None):
         """A ``tf.data.Dataset`` of ready batches from the feed (element spec inferred from the first

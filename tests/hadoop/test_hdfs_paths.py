@@ -91,3 +91,32 @@ def test_mirror_puts_checkpoints_on_hdfs_state_file_last(hadoop, hdfs_dir, tmp_p
     assert got.read_bytes() == blob
     again = Mirror(uri, str(tmp_path / "second"), upload=False)
     assert again.restore() == 3 and (tmp_path / "second" / "ckpt-1.index").read_bytes() == b"index"
+
+
+def _never_run(args, ctx):  # an estimator's train_fn, saved and loaded only
+    return args
+
+
+def test_a_pickled_train_fn_loads_from_hdfs_only_if_only_this_user_can_write_it(hadoop, hdfs_dir, spark):
+    """TFEstimator.load unpickles train_fn (code) from hdfs:// only when every file under it is
+    this user's, as HDFS knows the session, and writable by nobody else: the same rule as on a
+    local disk. The files are changed with FsShell, as another writer would."""
+    from tfos.errors import ConfigError
+    from tfos.ml import TFEstimator
+
+    uri = f"{hadoop.default_fs}{hdfs_dir}/est"
+    TFEstimator(_never_run, {"lr": 0.1}, inputCols=["features"]).save(uri)
+    loaded = TFEstimator.load(uri)
+    assert loaded.train_fn is _never_run and loaded.tf_args == {"lr": 0.1}
+    hadoop.fs("-chmod", "g+w", f"{hdfs_dir}/est/train_fn")
+    with pytest.raises(ConfigError, match=r"writable by others \(rwxrwxr-x\)"):
+        TFEstimator.load(uri)
+    hadoop.fs("-chmod", "g-w", f"{hdfs_dir}/est/train_fn")
+    part = [line.split()[-1] for line in hadoop.fs("-ls", f"{hdfs_dir}/est/train_fn").stdout.splitlines()
+            if line.split() and line.split()[-1].endswith(".parquet")][0]
+    hadoop.fs("-chown", "mallory", part)  # the cluster's superuser is this user
+    with pytest.raises(ConfigError, match=r"belongs to mallory"):
+        TFEstimator.load(uri)
+    me = spark.sparkContext._jvm.org.apache.hadoop.security.UserGroupInformation.getCurrentUser().getShortUserName()
+    hadoop.fs("-chown", me, part)
+    assert TFEstimator.load(uri).train_fn is _never_run

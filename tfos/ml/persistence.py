@@ -1,9 +1,11 @@
 """save / load of TFEstimator and TFModel (Spark ML metadata, plus the estimator's train_fn).
 
-Runs on the driver only. Loading an estimator unpickles its train_fn, which is code: on a local
-filesystem the saved files must belong to this user and be writable by nobody else (no links),
-else load refuses them. On HDFS and other stores their permissions are the store's to enforce, as
-for any saved Spark ML pipeline with Python code.
+Runs on the driver only. Loading an estimator unpickles its train_fn, which is code: the saved
+files must belong to this user and be writable by nobody else (no links), else load refuses them.
+That holds on a local filesystem and on HDFS (``hdfs://``, ``viewfs://``: checked through the Spark
+session's Hadoop client, as the user HDFS knows this process by, Kerberos included). Object stores
+(``s3a://``, ``gs://``, ...) have no owners to check; their access policies are the store's to
+enforce, as for any saved Spark ML pipeline with Python code.
 """
 
 from __future__ import annotations
@@ -78,16 +80,24 @@ class TFReader(MLReader):
         if (metadata.get("tfos") or {}).get("trainFn"):
             from pyspark import cloudpickle
 
-            check_owned_by_me(os.path.join(path, _TRAIN_FN_DIR))
+            check_owned_by_me(os.path.join(path, _TRAIN_FN_DIR), self.sparkSession)
             row = self.sparkSession.read.parquet(os.path.join(path, _TRAIN_FN_DIR)).first()
             instance.train_fn, instance.tf_args = cloudpickle.loads(bytes(row[0]))
         return instance
 
 
-def check_owned_by_me(path: str) -> None:
-    """ConfigError unless every entry under local ``path`` is this user's, not a link, and not
-    group/other writable (URIs of other filesystems are not checked here)."""
+_REFUSE = ("Save the estimator again to a directory only you can write, or load it with "
+           "saveTrainFn=false and setTrainFn(fn)")
+
+
+def check_owned_by_me(path: str, spark=None) -> None:
+    """ConfigError unless every entry under ``path`` is this user's, not a link, and not group/other
+    writable: local paths with ``os.lstat``; ``hdfs://``/``viewfs://`` through ``spark``'s Hadoop
+    client (a classic session's JVM; without one the check cannot run and the load is refused).
+    URIs of object stores are not checked."""
     parsed = urlparse(path)
+    if parsed.scheme in ("hdfs", "viewfs"):
+        return _check_hadoop_owned_by_me(path, spark)
     if parsed.scheme not in ("", "file"):
         return
     local = parsed.path if parsed.scheme else path
@@ -98,5 +108,26 @@ def check_owned_by_me(path: str) -> None:
         st = os.lstat(entry)
         if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
             raise ConfigError(f"refusing to load the pickled train_fn: {entry} is a link, belongs to another user or "
-                              "is writable by others. Save the estimator again to a directory only you can "
-                              "write, or load it with saveTrainFn=false and setTrainFn(fn)")
+                              f"is writable by others. {_REFUSE}")
+
+
+def _check_hadoop_owned_by_me(path: str, spark) -> None:
+    jvm = getattr(getattr(spark, "sparkContext", None), "_jvm", None) if spark is not None else None
+    if jvm is None:
+        raise ConfigError(f"refusing to load the pickled train_fn from {path}: who may write it can only be checked "
+                          f"through a classic Spark session's Hadoop client (this session has no JVM). {_REFUSE}")
+    hadoop = jvm.org.apache.hadoop
+    me = hadoop.security.UserGroupInformation.getCurrentUser().getShortUserName()
+    root = hadoop.fs.Path(path)
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    pending = [fs.getFileLinkStatus(root)]
+    write = hadoop.fs.permission.FsAction.WRITE
+    while pending:
+        st = pending.pop()
+        perm = st.getPermission()
+        if (st.isSymlink() or st.getOwner() != me or perm.getGroupAction().implies(write)
+                or perm.getOtherAction().implies(write)):
+            raise ConfigError(f"refusing to load the pickled train_fn: {st.getPath().toString()} is a link, belongs to "
+                              f"{st.getOwner()} (not {me}) or is writable by others ({perm.toString()}). {_REFUSE}")
+        if st.isDirectory():
+            pending.extend(fs.listStatus(st.getPath()))

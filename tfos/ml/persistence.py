@@ -3,7 +3,7 @@
 Runs on the driver only. Loading an estimator unpickles its train_fn, which is code: the saved
 files must belong to this user and be writable by nobody else (no links), else load refuses them.
 That holds on a local filesystem and on HDFS (``hdfs://``, ``viewfs://``: checked through the Spark
-session's Hadoop client, as the user HDFS knows this process by, Kerberos included). Object stores
+session's Hadoop client, as the user HDFS knows this process by: ``UserGroupInformation``). Object stores
 (``s3a://``, ``gs://``, ...) have no owners to check; their access policies are the store's to
 enforce, as for any saved Spark ML pipeline with Python code.
 """

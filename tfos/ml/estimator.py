@@ -17,7 +17,7 @@ from tfos import InputMode
 from tfos.errors import ConfigError, TFOSError
 from tfos.ml.model import TFModel
 from tfos.ml.params import _TFEstimatorParams, check_location, input_arrays, require, set_params
-from tfos.ml.persistence import TFReadWrite
+from tfos.ml.persistence import TFReadWrite, hadoop_filesystem
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +160,10 @@ def _stat(spark, path: str):
         return (True, max(marks))
     if parsed.scheme in ("hdfs", "viewfs"):
         try:
-            jvm = spark.sparkContext._jvm
-            p = jvm.org.apache.hadoop.fs.Path(path)
-            fs = p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+            found = hadoop_filesystem(spark, path)
+            if found is None:
+                return None
+            _hadoop, fs, p = found
             if not fs.exists(p):
                 return (False, None)
             return (True, fs.getFileStatus(p).getModificationTime())

@@ -111,17 +111,30 @@ def check_owned_by_me(path: str, spark=None) -> None:
                               f"is writable by others. {_REFUSE}")
 
 
-def _check_hadoop_owned_by_me(path: str, spark) -> None:
-    jvm = getattr(getattr(spark, "sparkContext", None), "_jvm", None) if spark is not None else None
+def hadoop_filesystem(spark, path: str):
+    """``(org.apache.hadoop package, FileSystem, Path)`` of ``path`` through a classic session's
+    Hadoop client (its JVM); None when the session has none (Spark Connect)."""
+    try:
+        sc = spark.sparkContext
+        jvm = sc._jvm
+    except Exception:  # a Connect session: no SparkContext
+        return None
     if jvm is None:
+        return None
+    hadoop = jvm.org.apache.hadoop
+    p = hadoop.fs.Path(path)
+    return hadoop, p.getFileSystem(sc._jsc.hadoopConfiguration()), p
+
+
+def _check_hadoop_owned_by_me(path: str, spark) -> None:
+    found = hadoop_filesystem(spark, path)
+    if found is None:
         raise ConfigError(f"refusing to load the pickled train_fn from {path}: who may write it can only be checked "
                           f"through a classic Spark session's Hadoop client (this session has no JVM). {_REFUSE}")
-    hadoop = jvm.org.apache.hadoop
+    hadoop, fs, root = found
     me = hadoop.security.UserGroupInformation.getCurrentUser().getShortUserName()
-    root = hadoop.fs.Path(path)
-    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    pending = [fs.getFileLinkStatus(root)]
     write = hadoop.fs.permission.FsAction.WRITE
+    pending = [fs.getFileLinkStatus(root)]
     while pending:
         st = pending.pop()
         perm = st.getPermission()

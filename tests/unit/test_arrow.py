@@ -174,8 +174,9 @@ def test_a_batch_spanning_two_chunks_is_joined_into_aligned_memory():
 
 
 def test_dataset_blocks_are_views_of_the_chunks_but_a_batch_that_spans_two():
-    """feed.dataset()'s blocks: a chunk's whole batches are one view of its Arrow buffer; only a
-    batch that spans two chunks is joined (a copy), as an item of its own; every row once, in order."""
+    """feed.dataset()'s items: a chunk's whole batches are one view of its Arrow buffer; only a
+    batch that spans two chunks is joined (a copy), as the first part of the next chunk's item (one
+    item per chunk); every row once, in order."""
     from tfos.feed.node.datafeed import DataFeed
     from tfos.feed.node.hub import Data, End, FeedHub, Origin
 
@@ -186,8 +187,10 @@ def test_dataset_blocks_are_views_of_the_chunks_but_a_batch_that_spans_two():
     for c in chunks:
         q.q.put(Data(c, origin, "f"))
     q.q.put(End("f", 1000))
-    blocks = [cols for _schema, cols in DataFeed(hub)._blocks(64)]
-    assert [b[0].shape[:2] for b in blocks] == [(6, 64), (1, 64), (5, 64), (1, 64), (2, 64), (1, 40)]
+    items = [parts for _schema, parts in DataFeed(hub)._blocks(64)]
+    assert [[p[0].shape[:2] for p in parts] for parts in items] == [
+        [(6, 64)], [(1, 64), (5, 64)], [(1, 64), (2, 64)], [(1, 40)]]
+    blocks = [p for parts in items for p in parts]
     np.testing.assert_array_equal(np.concatenate([b[0].reshape(-1, 8) for b in blocks]), x)
     np.testing.assert_array_equal(np.concatenate([b[1].reshape(-1) for b in blocks]), np.arange(1000))
     sources = [A.column_to_numpy(c.column(0), c.schema.field(0)) for c in chunks]
@@ -225,3 +228,28 @@ def test_dataset_yields_the_batches_of_batches_in_their_structure(rows):
         tf.nest.assert_same_structure(g, e)
         for a, b in zip(tf.nest.flatten(g), tf.nest.flatten(e)):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rows,dtypes", [
+    ([(np.full(3, i, np.float32), i) for i in range(150)], {0: "float16"}),  # tuple: by position
+    ([{"x": np.full(3, i, np.float32), "y": i} for i in range(150)], {"y": "int32"}),  # dict: by name
+    ([float(i) for i in range(150)], {0: "float32"}),  # a single value
+])
+def test_dataset_casts_the_columns_named_in_dtypes_and_keeps_the_structure(rows, dtypes):
+    tf = pytest.importorskip("tensorflow")
+    from tfos.feed.node.datafeed import DataFeed
+    from tfos.feed.node.hub import Data, End, FeedHub, Origin
+
+    hub = FeedHub("test-secret")
+    q, origin = hub.queue("input"), Origin(None, train=True)
+    for lo in range(0, len(rows), 100):
+        q.q.put(Data(A.rows_to_batch(rows[lo:lo + 100]), origin, "f"))
+    q.q.put(End("f", len(rows)))
+    got = list(DataFeed(hub).dataset(64, dtypes={k: tf.as_dtype(v) for k, v in dtypes.items()}).as_numpy_iterator())
+    assert [len(tf.nest.flatten(b)[0]) for b in got] == [64, 64, 22]
+    first = got[0]
+    for key, dtype in dtypes.items():
+        column = first if not isinstance(first, (tuple, dict)) else first[key]
+        assert column.dtype == np.dtype(dtype)
+    values = np.concatenate([tf.nest.flatten(b)[0] for b in got])
+    np.testing.assert_array_equal(values.reshape(150, -1)[:, 0], np.arange(150))

@@ -294,11 +294,12 @@ class DataFeed:
 
     def _blocks(self, batch_size: int):
         """Like :meth:`batches`, but each item holds as many whole batches as the Arrow chunk at
-        hand provides, stacked: arrays of shape ``(k, batch_size, ...)``; only the last rows of a
-        feed (or of a partition, in inference mode) come as ``(1, r, ...)`` with r < batch_size.
-        One item per chunk instead of per batch keeps Python out of the per-batch path of
-        :meth:`dataset`. The whole batches of a chunk are views of its Arrow buffers; only a batch
-        that spans two chunks is joined (copied), and comes as an item of its own."""
+        hand provides: ``(schema, parts)``, one or two parts, each a list of column arrays of shape
+        ``(k, rows, ...)`` (``k`` batches of ``rows``); only the last rows of a feed (or of a
+        partition, in inference mode) come as ``(1, r, ...)`` with r < batch_size. One item per
+        chunk instead of per batch keeps Python out of the per-batch path of :meth:`dataset`. The
+        whole batches of a chunk are views of its Arrow buffers; only a batch that spans two chunks
+        is joined (copied), and comes as the first part of the next chunk's item."""
         while not self.done:
             slices = self._take(batch_size)
             got = sum(s.num_rows for s in slices)
@@ -313,28 +314,30 @@ class DataFeed:
                     if len(slices) == 1 and start >= 0 and not (g is not None and g.policy == "pad"):
                         slices = [chunk.slice(start, batch_size + more)]  # one view: this chunk's rows in order
                         got += more
-                    else:  # the first batch spans two chunks (or carries pad weights): joined on its own
-                        yield from self._stacked(slices, got, batch_size)
-                        slices, got = rest, more
-            yield from self._stacked(slices, got, batch_size)
+                    else:  # the first batch spans two chunks (or carries pad weights): joined, then the view
+                        head, body = self._stacked(slices, got, batch_size), self._stacked(rest, more, batch_size)
+                        yield head[0], head[1] + body[1]
+                        continue
+            item = self._stacked(slices, got, batch_size)
+            if item is not None:
+                yield item
 
     def _stacked(self, slices, got: int, batch_size: int):
-        """``slices`` (``got`` rows) as :meth:`_blocks` items: their whole batches stacked, then any
-        short rest; one array per column, a view where the slices are one."""
+        """``slices`` (``got`` rows) as a :meth:`_blocks` item: their whole batches stacked, then any
+        short rest; one array per column, a view where the slices are one. None without rows."""
         found = self._columns(slices)
         if found is None:
-            return
+            return None
         schema, cols = found
         full = got // batch_size * batch_size
         parts = [(full // batch_size, batch_size, 0, full)] if full else []
         if got > full:
             parts.append((1, got - full, full, got))
-        for k, rows, lo, hi in parts:
-            yield schema, [c[lo:hi].reshape((k, rows) + c.shape[1:]) for c in cols]
+        return schema, [[c[lo:hi].reshape((k, rows) + c.shape[1:]) for c in cols] for k, rows, lo, hi in parts]
 
     def dataset(self, batch_size: int, output_signature=None, dtypes=None):
         """A ``tf.data.Dataset`` of ready batches from the feed (element spec inferred from the first
-        batch unless ``output_signature`` is given; ``dtypes`` casts columns, e.g. {0: tf.float32}).
+        batch unless ``output_signature`` is given; ``dtypes`` casts columns, by position or, for dict rows, by name: {0: tf.float32}).
 
         Batches are cut from the Arrow chunks in blocks (one Python call per chunk, not per batch;
         TF slices each block into its batches without a copy) and prefetched in the background, so
@@ -354,32 +357,35 @@ class DataFeed:
         if output_signature is None:
             if first is None:
                 raise FeedError("the feed ended before any data arrived; give output_signature explicitly")
-            output_signature = tf.nest.map_structure(spec_of, self._shaped(*first))
+            schema, parts = first
+            output_signature = tf.nest.map_structure(spec_of, self._shaped(schema, parts[0]))
+
+        def pair(schema, parts):  # an item is two parts (the second often has no batches): one structure
+            if len(parts) == 1:
+                parts = parts + [[np.empty((0,) + c.shape[1:], c.dtype) for c in parts[0]]]
+            return self._shaped(schema, parts[0]), self._shaped(schema, parts[1])
 
         def generate():
             if first is not None:
-                yield self._shaped(*first)
+                yield pair(*first)
             for block in blocks:
-                yield self._shaped(*block)
+                yield pair(*block)
 
         block_signature = tf.nest.map_structure(lambda s: tf.TensorSpec((None,) + tuple(s.shape), s.dtype),
                                                 output_signature)
-        ds = tf.data.Dataset.from_generator(generate, output_signature=block_signature)
+        ds = tf.data.Dataset.from_generator(generate, output_signature=(block_signature, block_signature))
         if dtypes:
-            def cast(*xs):
-                xs = list(xs)
-                for j, dt in dtypes.items():
-                    xs[j] = tf.cast(xs[j], dt)
-                return tuple(xs)
-            ds = ds.map(cast)
-        # a block (k, rows, ...) -> its k batches (rows, ...): sliced by from_tensor_slices, several times
-        # faster per batch than Dataset.unbatch here (bench/README: the feed's consumer side)
-        structure = ds.element_spec
-
-        def batches_of_block(*parts):
-            return tf.data.Dataset.from_tensor_slices(tf.nest.pack_sequence_as(structure, tf.nest.flatten(parts)))
-
-        ds = ds.flat_map(batches_of_block).prefetch(tf.data.AUTOTUNE)
+            def cast(structure):
+                if isinstance(structure, dict):
+                    return {k: tf.cast(v, dtypes[k]) if k in dtypes else v for k, v in structure.items()}
+                if isinstance(structure, (tuple, list)):
+                    return tuple(tf.cast(v, dtypes[j]) if j in dtypes else v for j, v in enumerate(structure))
+                return tf.cast(structure, dtypes[0]) if 0 in dtypes else structure
+            ds = ds.map(lambda first, second: (cast(first), cast(second)))
+        # an item's parts (k, rows, ...) -> their batches (rows, ...): sliced by from_tensor_slices, several
+        # times faster per batch than Dataset.unbatch here (bench/README: the feed's consumer side)
+        ds = ds.flat_map(lambda first, second: tf.data.Dataset.from_tensor_slices(first).concatenate(
+            tf.data.Dataset.from_tensor_slices(second))).prefetch(tf.data.AUTOTUNE)
         from tfos.data.datasets import no_autoshard
 
         return no_autoshard(ds)

@@ -30,11 +30,16 @@ ROW_BYTES = 784 * 4 + 8
 
 
 def make_chunk(rows: int):
+    import pyarrow as pa
+
     from tfos.feed import arrow
 
     rng = np.random.default_rng(0)
     x = rng.random((rows, 784), dtype=np.float32)
-    return arrow.rows_to_batch([(x[i], i % 10) for i in range(rows)])
+    batch = arrow.rows_to_batch([(x[i], i % 10) for i in range(rows)])
+    # in Arrow's own (64-byte aligned) memory, as the channel delivers a frame's columns: TF takes an
+    # aligned array as it is and copies an unaligned one (numpy's own allocations are 16-byte aligned)
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
 
 
 def start_producer(hub, chunk, total_rows: int, feed_id: str) -> threading.Thread:

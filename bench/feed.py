@@ -6,8 +6,9 @@ Rows: 784 float32 features + an int label (MNIST-shaped), generated on the execu
   (b) tfos    cluster.train() into a main_fun that only counts rows (feed.batches)
   (c) TFoS    tensorflowonspark 2.2.5 cluster.train() into a counting TFNode.DataFeed consumer
   by batch    at batch 64, 256 and 1024 on one tfos cluster: feed.batches(B) counted in Python,
-              feed.dataset(B) counted in the graph (Dataset.reduce), and TensorFlowOnSpark's
-              next_batch(B) (one TFoS cluster per batch size, fewer rows)
+              feed.dataset(B) counted in the graph (Dataset.reduce), --batch-rounds rounds
+              alternating (medians), and TensorFlowOnSpark's next_batch(B) (one TFoS cluster per
+              batch size, fewer rows)
   inference   tfos cluster.inference() vs a hand-written mapPartitions that loads the model once
               per partition and predicts in batches (--infer-runs times in a row; the minimum counts)
   dataframe   a Parquet-backed DataFrame (features array<float> of 784, or binary of 784 float32,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -102,7 +104,7 @@ def tfos_path_counter(plan, ctx):
     for i, (path, batch) in enumerate(plan):
         feed = ctx.get_data_feed(train_mode=True)
         dropped = feed.hub.rows_dropped
-        cpu0 = time.process_time()
+        cpu0, faults0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         if path == "warm-up" or path.startswith("batches"):
             n = sum(len(labels) for _x, labels in feed.batches(batch))
         else:
@@ -110,7 +112,8 @@ def tfos_path_counter(plan, ctx):
             n = int(ds.reduce(tf.constant(0, tf.int64), lambda acc, b: acc + tf.shape(b[1], out_type=tf.int64)[0]))
         ctx.report(**{f"rows_{i}": n + feed.hub.rows_dropped - dropped, f"gate_{i}": (
             feed.hub.gate_requests, round(feed.hub.gate_wait_secs, 2), round(feed.wait_secs, 2)),
-            f"cpu_{i}": round(time.process_time() - cpu0, 2)})
+            f"cpu_{i}": round(time.process_time() - cpu0, 2),
+            f"faults_{i}": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0})
 
 
 def run_plan(sc, rows, partitions, plan, uneven=lambda key: "drop", before=None, chunk_rows=lambda key: None):
@@ -141,19 +144,22 @@ def run_plan(sc, rows, partitions, plan, uneven=lambda key: "drop", before=None,
     return feeds, metrics
 
 
-def tfos_by_batch(sc, rows, partitions, sizes, plan=None, uneven=lambda key: "drop"):
+def tfos_by_batch(sc, rows, partitions, sizes, plan=None, uneven=lambda key: "drop", rounds=1):
     """rows/s of one train() per (path, batch) of ``plan`` on one cluster (``uneven(key)``: the
-    feed's policy), the median of a key's runs."""
-    plan = plan or [("warm-up", sizes[-1])] + [(path, b) for b in sizes for path in ("batches", "dataset")]
+    feed's policy), the median of a key's runs (by default ``rounds`` rounds of every batch size
+    and path, alternating), and every run's rows/s by key, in order."""
+    plan = plan or [("warm-up", sizes[-1])] + [(path, b) for _ in range(rounds) for b in sizes
+                                               for path in ("batches", "dataset")]
     feeds, metrics = run_plan(sc, rows, partitions, plan, uneven)
     # per feed: the machine's and the driver process's CPU-s; per node: (gate requests so far,
     # seconds waited at the gate so far, queue wait so far) and the TF process's CPU-s in the feed
     rates = {}
     for i, (key, rate, machine, driver, _tf) in enumerate(feeds):
         rates.setdefault(key, []).append(rate)
-        print(f"  {key}: machine {machine:.2f} CPU-s, driver {driver:.2f}; " + ", ".join(
-            f"node {n}: {m.get(f'gate_{i}')} tf {m.get(f'cpu_{i}')} CPU-s" for n, m in metrics.items()))
-    return {k: sorted(v)[len(v) // 2] for k, v in rates.items()}
+        print(f"  {key}: {rate:,.0f} rows/s, machine {machine:.2f} CPU-s, driver {driver:.2f}; " + ", ".join(
+            f"node {n}: {m.get(f'gate_{i}')} tf {m.get(f'cpu_{i}')} CPU-s {m.get(f'faults_{i}')} page faults"
+            for n, m in metrics.items()))
+    return {k: sorted(v)[len(v) // 2] for k, v in rates.items()}, rates
 
 
 def chunk_size(sc, args) -> None:
@@ -191,8 +197,8 @@ def gate_cost(sc, args) -> None:
     rounds = 3
     plan = [("warm-up", 256)] + [(f"{path}-{mode}", 256) for _ in range(rounds) for path in ("dataset", "batches")
                                  for mode in ("gate", "none")]
-    rates = tfos_by_batch(sc, args.batch_rows, args.partitions, [256], plan,
-                          uneven=lambda key: None if key[0].endswith("-none") else "drop")
+    rates, _runs = tfos_by_batch(sc, args.batch_rows, args.partitions, [256], plan,
+                                 uneven=lambda key: None if key[0].endswith("-none") else "drop")
     print(f"  equal steps: train() into a counting consumer at batch 256, {args.batch_rows:,d} rows, median of "
           f"{rounds} runs, rows/s:")
     for path in ("dataset", "batches"):
@@ -475,15 +481,15 @@ def dataframes(spark, args) -> None:
 
 def by_batch(sc, args):
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    rates = tfos_by_batch(sc, args.batch_rows, args.partitions, sizes)
+    rates, runs = tfos_by_batch(sc, args.batch_rows, args.partitions, sizes, rounds=args.batch_rounds)
     legacy = {}
     if not args.skip_legacy:
         for b in sizes:
             with tempfile.TemporaryDirectory() as d:
                 n, secs = legacy_feed(sc, args.legacy_rows, args.partitions, d, batch=b)
             legacy[b] = n / secs
-    print(f"  feed into main_fun by batch size ({args.batch_rows:,d} rows per tfos feed, {args.legacy_rows:,d} "
-          "for TFoS), rows/s (MB/s):")
+    print(f"  feed into main_fun by batch size ({args.batch_rows:,d} rows per tfos feed, the median of "
+          f"{args.batch_rounds} alternating rounds; {args.legacy_rows:,d} for TFoS), rows/s (MB/s):")
     print(f"  {'batch':>6} {'batches()':>18} {'dataset()':>18} {'TFoS next_batch':>18} {'dataset/batches':>16} "
           f"{'dataset/TFoS':>13}")
     for b in sizes:
@@ -493,6 +499,12 @@ def by_batch(sc, args):
             return f"{r:>9,.0f} ({r * ROW_BYTES / 1e6:5.0f})" if r else f"{'-':>17}"
         print(f"  {b:>6} {cell(bt):>18} {cell(ds):>18} {cell(lg):>18} {ds / bt:>16.2f} "
               + (f"{ds / lg:>13.0f}" if lg else f"{'-':>13}"), flush=True)
+    # each round's dataset() feed ran right after its batches() feed: their ratio, round by round,
+    # is the least touched by the machine's drift (the medians above may come from different rounds)
+    for b in sizes:
+        pairs = [d / t for t, d in zip(runs[("batches", b)], runs[("dataset", b)])]
+        print(f"  {b:>6} dataset/batches by round: " + " ".join(f"{r:.2f}" for r in pairs)
+              + f"   median {sorted(pairs)[len(pairs) // 2]:.2f}")
     print("  targets: dataset/batches >= 0.9, dataset/TFoS >= 100")
 
 
@@ -513,6 +525,7 @@ def main(argv=None):
     p.add_argument("--skip-legacy", action="store_true")
     p.add_argument("--batch-rows", type=int, default=500_000, help="rows per feed of the by-batch-size table")
     p.add_argument("--batch-sizes", default="64,256,1024")
+    p.add_argument("--batch-rounds", type=int, default=3, help="rounds of the by-batch-size table (medians)")
     p.add_argument("--chunk-mb", default="4,16", help="chunk sizes of --only chunk-size, in MiB")
     p.add_argument("--only", choices=("all", "batch", "inference", "dataframe", "gate", "limit", "chunk-size"),
                    default="all",

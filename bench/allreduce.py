@@ -3,6 +3,9 @@
 For each tensor size (float32, default 16, 64 and 256 MiB) and rank count, in ONE run:
   * torch Gloo (ref)   torch.distributed's ProcessGroupGloo.allreduce on a torch tensor, in place:
                        the reference the issue names
+  * torch in tf.function  the same call on the same torch tensor, made from a tf.py_function inside
+                       a tf.function: no TF tensor, the same Gloo work; the ceiling of any path
+                       that enters Gloo the way tfos does (TF's function-call cost included)
   * tfos gloo          tfos.keras_dist.allreduce(t) with implementation='gloo' (the default on CPU
                        hosts with PyTorch) inside tf.function, t made by the step and read by
                        nothing else (as a gradient is): reduced in its own memory (TF forwards it)
@@ -193,8 +196,14 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5, threads=()
                     group.pg = pg
             return run
 
+        @tf.function
+        def torch_in_tf_function():  # the reference's own call on its own tensor, from a py_function in a
+            # tf.function: the ceiling of any path that enters Gloo the way tfos does
+            return tf.py_function(lambda: pg.allreduce([ref]).wait() or 0, [], tf.int32)
+
         ref, t = torch.ones(n), tf.ones([n], tf.float32)
-        fns = {"torch Gloo (ref)": lambda: pg.allreduce([ref]).wait(), "tfos gloo": fresh,
+        fns = {"torch Gloo (ref)": lambda: pg.allreduce([ref]).wait(), "torch in tf.function": torch_in_tf_function,
+               "tfos gloo": fresh,
                "tfos gloo grads": grads, "tfos gloo grads loop": grads_loop, "tfos gloo kept": lambda: kept(t)}
         fns.update({f"grads, {th} threads": on(p) for th, p in extra.items()})
         return fns
@@ -378,7 +387,7 @@ def print_table(ranks: int, sizes, results) -> None:
     print(f"ratios, {ranks} ranks (>1: faster than the reference)")
     for size in sizes:
         parts = []
-        for name in ("tfos gloo", "tfos gloo grads", "tfos gloo grads loop", "tfos gloo kept", "tfos gloo fp16",
+        for name in ("torch in tf.function", "tfos gloo", "tfos gloo grads", "tfos gloo grads loop", "tfos gloo kept", "tfos gloo fp16",
                      "tfos gloo bf16", *(n for n in names if n.startswith("grads, "))):
             if name in results:
                 if ref:

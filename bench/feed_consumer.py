@@ -2,7 +2,8 @@
 
 A producer thread puts the same Arrow chunks the feeding tasks send (784 float32 + int64 label,
 about 16 MiB each, TARGET_CHUNK_BYTES) into a real FeedHub queue, as the hub's connection threads do after reading a
-socket; the main thread reads them through each DataFeed path at each batch size:
+socket; the main thread reads them through each DataFeed path at each batch size, in the
+environment tfos's agent gives a TF process (its malloc settings):
 
   batches     feed.batches(B), a Python loop counting rows
   dataset     feed.dataset(B), consumed in the graph (Dataset.reduce counting rows)
@@ -112,6 +113,17 @@ def run(path: str, batch: int, rows: int, chunk, profile_dir: str | None) -> flo
         hub.close()
 
 
+def with_tf_process_environment() -> None:
+    """Re-run this script with the environment tfos's agent gives a TF process (malloc settings that
+    keep the feed's buffers in the heap for reuse: without them every chunk-sized allocation is a
+    fresh mmap that page-faults), unless it already has it."""
+    from tfos.cluster.agent.supervisor import memory_environment
+
+    extra = memory_environment(os.environ)
+    if any(os.environ.get(k) != v for k, v in extra.items()):
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], dict(os.environ, **extra))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=200_000)
@@ -119,6 +131,7 @@ def main(argv=None) -> None:
     p.add_argument("--paths", default="batches,dataset,dataset-py,next_batch")
     p.add_argument("--profile", default=None, help="write cProfile tables of each run into this directory")
     args = p.parse_args(argv)
+    with_tf_process_environment()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     importlib.import_module("tensorflow")  # imported once, before any timing
 

@@ -25,9 +25,11 @@ logger = logging.getLogger(__name__)
 def _concatenate(parts):
     """``np.concatenate(parts)`` into an Arrow buffer, 64-byte aligned like the channel's data frames
     (wire.channel): TensorFlow takes an aligned array as it is and copies an unaligned one (a batch
-    that spans two chunks). From the system allocator, as the frames are: under ``dataset()`` TF
-    frees the join on its own threads, and from Arrow's default pool that made ``dataset(1024)``
-    0.75-0.81x ``batches(1024)`` against 0.99-1.04x (bench/README, feed: by batch size)."""
+    that spans two chunks). From the system allocator, as the frames are, which the TF process's
+    malloc settings keep in the heap for reuse (``agent.supervisor.memory_environment``): under
+    ``dataset()`` TF frees the join on its own threads, and from Arrow's default pool that made
+    ``dataset(1024)`` 0.75-0.81x ``batches(1024)`` against 0.91-1.04x (bench/README, feed: by batch
+    size)."""
     if parts[0].dtype == object:
         return np.concatenate(parts)
     shape = (sum(len(p) for p in parts),) + parts[0].shape[1:]

@@ -10,8 +10,9 @@ environment tfos's agent gives a TF process (its malloc settings):
   dataset-py  feed.dataset(B), a Python `for` loop over the dataset (what eager custom loops do)
   next_batch  feed.next_batch(B) row lists (TensorFlowOnSpark's API), counting rows
 
-Prints rows/s, MB/s and each path's ratio to batches at the same batch size.
-Run:  bash scripts/bench.sh feed_consumer [--rows N] [--batch 64,256,1024] [--profile DIR]
+Prints rows/s, MB/s, each path's ratio to batches at the same batch size, and the process's
+CPU-s per 1M rows (with --rate, the figure that counts: the rows/s is then the producer's).
+Run:  bash scripts/bench.sh feed_consumer [--rows N] [--batch 64,256,1024] [--rate ROWS_PER_S] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def make_chunk(rows: int):
     return pa.RecordBatch.from_arrays([pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
 
 
-def start_producer(hub, chunk, total_rows: int, feed_id: str) -> threading.Thread:
+def start_producer(hub, chunk, total_rows: int, feed_id: str, rate: float = 0) -> threading.Thread:
+    """Put ``total_rows`` rows of ``chunk`` into the hub's queue, at ``rate`` rows/s (0: as fast as
+    the reader takes them)."""
     from tfos.feed.node.hub import Data, End, Origin
 
     q = hub.queue("input")
@@ -51,8 +54,10 @@ def start_producer(hub, chunk, total_rows: int, feed_id: str) -> threading.Threa
     stop = threading.Event()
 
     def produce():
-        sent = 0
+        sent, t0 = 0, time.perf_counter()
         while sent < total_rows:
+            if rate:  # a chunk when the network would have brought it
+                time.sleep(max(0.0, t0 + sent / rate - time.perf_counter()))
             b = chunk if total_rows - sent >= chunk.num_rows else chunk.slice(0, total_rows - sent)
             q.put(Data(b, origin, feed_id), stop)
             sent += b.num_rows
@@ -84,22 +89,23 @@ def consume(path: str, feed, batch: int) -> int:
     return n
 
 
-def run(path: str, batch: int, rows: int, chunk, profile_dir: str | None) -> float:
+def run(path: str, batch: int, rows: int, chunk, profile_dir: str | None, rate: float = 0) -> tuple[float, float]:
+    """rows/s, and this process's CPU-s per 1M rows, of one feed read through ``path``."""
     from tfos.feed.node.datafeed import DataFeed
     from tfos.feed.node.hub import FeedHub
 
     hub = FeedHub("bench-secret", queue_chunks=4).start()
     try:
         feed = DataFeed(hub, train_mode=True)
-        producer = start_producer(hub, chunk, rows, f"{path}-{batch}")
+        producer = start_producer(hub, chunk, rows, f"{path}-{batch}", rate)
         prof = cProfile.Profile() if profile_dir else None
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         if prof:
             prof.enable()
         n = consume(path, feed, batch)
         if prof:
             prof.disable()
-        secs = time.perf_counter() - t0
+        secs, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         producer.join(10)
         if n != rows:
             raise RuntimeError(f"{path} at batch {batch} read {n} rows, expected {rows}")
@@ -108,7 +114,7 @@ def run(path: str, batch: int, rows: int, chunk, profile_dir: str | None) -> flo
             out = os.path.join(profile_dir, f"{path}-{batch}.txt")
             with open(out, "w") as f:
                 pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(30)
-        return rows / secs
+        return rows / secs, cpu / rows * 1e6
     finally:
         hub.close()
 
@@ -130,6 +136,8 @@ def main(argv=None) -> None:
     p.add_argument("--batch", default="64,256,1024")
     p.add_argument("--paths", default="batches,dataset,dataset-py,next_batch")
     p.add_argument("--profile", default=None, help="write cProfile tables of each run into this directory")
+    p.add_argument("--rate", type=float, default=0, help="rows/s the producer puts in (0: as fast as read); "
+                   "~150000 is what one of two ranks gets in bench/feed.py, where tf.data waits for the network")
     args = p.parse_args(argv)
     with_tf_process_environment()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -139,16 +147,17 @@ def main(argv=None) -> None:
 
     chunk = make_chunk(TARGET_CHUNK_BYTES // ROW_BYTES // ROW_MULTIPLE * ROW_MULTIPLE)  # as the producer sizes them
     paths = args.paths.split(",")
-    print(f"{'batch':>6} {'path':<11} {'rows/s':>10} {'MB/s':>8} {'x batches':>9}")
+    print(f"{'batch':>6} {'path':<11} {'rows/s':>10} {'MB/s':>8} {'x batches':>9} {'CPU-s/1M rows':>14}")
     for batch in (int(b) for b in args.batch.split(",")):
         run("batches", batch, min(args.rows, 20_000), chunk, None)  # warm-up
         base = None
         for path in paths:
             rows = args.rows if path != "next_batch" else max(batch, args.rows // 20)
-            rate = run(path, batch, rows, chunk, args.profile)
+            rate, cpu = run(path, batch, rows, chunk, args.profile, args.rate)
             base = rate if path == "batches" else base
             ratio = f"{rate / base:.2f}" if base else "-"
-            print(f"{batch:>6} {path:<11} {rate:>10.0f} {rate * ROW_BYTES / 1e6:>8.1f} {ratio:>9}", flush=True)
+            print(f"{batch:>6} {path:<11} {rate:>10.0f} {rate * ROW_BYTES / 1e6:>8.1f} {ratio:>9} {cpu:>14.3f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,9 @@ def main(argv=None):
     p.add_argument("--multihost", action="store_true", help="on the multi-host harness: a whole host is killed")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    # the supervisor's restart line times the phases ("attempt N started in T s (stopping the nodes ...,
+    # cancel and teardown ..., reservation to registered ...)"): shown, the rest of tfos stays at WARNING
+    logging.getLogger("tfos.cluster.driver.supervisor").setLevel(logging.INFO)
     if args.multihost:
         sys.path.insert(0, os.path.join(ROOT, "tests", "multihost"))
         from hosts import Hosts, can_run, wait_executors

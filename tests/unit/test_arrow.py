@@ -198,6 +198,29 @@ def test_dataset_blocks_are_views_of_the_chunks_but_a_batch_that_spans_two():
     assert views == [True, False, True, False, True, True]
 
 
+def test_dataset_blocks_keep_every_row_when_a_chunks_rest_comes_short():
+    """If the whole batches _blocks counted on in a chunk come short (a feed cut meanwhile), the
+    joined batch and the rest go as items of their own: no part is dropped, rows stay in order."""
+    from tfos.feed.node.datafeed import DataFeed
+    from tfos.feed.node.hub import Data, End, FeedHub, Origin
+
+    class Cut(DataFeed):
+        def _take(self, n, admitted=False):
+            return super()._take(n - 10 if admitted else n, admitted)  # 10 rows fewer than counted on
+
+    x = np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8)
+    chunks = [A.rows_to_batch([(x[i], i) for i in range(lo, min(lo + 400, 1000))]) for lo in (0, 400, 800)]
+    hub = FeedHub("test-secret")
+    q, origin = hub.queue("input"), Origin(None, train=True)
+    for c in chunks:
+        q.q.put(Data(c, origin, "f"))
+    q.q.put(End("f", 1000))
+    items = [parts for _schema, parts in Cut(hub)._blocks(64)]
+    assert all(len(parts) <= 2 for parts in items)
+    labels = np.concatenate([p[1].reshape(-1) for parts in items for p in parts])
+    np.testing.assert_array_equal(labels, np.arange(1000))
+
+
 @pytest.mark.parametrize("rows", [
     [(np.full(3, i, np.float32), i) for i in range(250)],  # (x, y)
     [(np.full(3, i, np.float32),) for i in range(250)],  # a 1-tuple stays a 1-tuple

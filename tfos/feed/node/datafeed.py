@@ -315,12 +315,19 @@ class DataFeed:
                 if more:
                     chunk, start = self._batch, self._offset - batch_size
                     rest = self._take(more, admitted=True)
+                    took = sum(r.num_rows for r in rest)  # ``more``, unless the feed was cut meanwhile
                     if len(slices) == 1 and start >= 0 and not (g is not None and g.policy == "pad"):
-                        slices = [chunk.slice(start, batch_size + more)]  # one view: this chunk's rows in order
-                        got += more
+                        slices = [chunk.slice(start, batch_size + took)]  # one view: this chunk's rows in order
+                        got += took
                     else:  # the first batch spans two chunks (or carries pad weights): joined, then the view
-                        head, body = self._stacked(slices, got, batch_size), self._stacked(rest, more, batch_size)
-                        yield head[0], head[1] + body[1]
+                        head = self._stacked(slices, got, batch_size)
+                        body = self._stacked(rest, took, batch_size)
+                        if body is not None and len(body[1]) == 1:  # whole batches: one item of two parts
+                            yield head[0], head[1] + body[1]
+                        else:  # the rest came short (the feed was cut meanwhile): each as it is
+                            yield head
+                            if body is not None:
+                                yield body
                         continue
             item = self._stacked(slices, got, batch_size)
             if item is not None:

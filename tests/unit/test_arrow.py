@@ -173,20 +173,32 @@ def test_a_batch_spanning_two_chunks_is_joined_into_aligned_memory():
 
 
 
+def _fed_hub(chunks):
+    """A hub whose input queue holds ``chunks`` (record batches) as one train feed, then its end."""
+    from tfos.feed.node.hub import Data, End, FeedHub, Origin
+
+    hub = FeedHub("test-secret")
+    q, origin = hub.queue("input"), Origin(None, train=True)
+    for c in chunks:
+        q.q.put(Data(c, origin, "f"))
+    q.q.put(End("f", sum(c.num_rows for c in chunks)))
+    return hub
+
+
+def _three_chunks():
+    """1000 rows of (8 floats, id) in chunks of 400, 400 and 200: batches of 64 span chunks."""
+    x = np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8)
+    return x, [A.rows_to_batch([(x[i], i) for i in range(lo, min(lo + 400, 1000))]) for lo in (0, 400, 800)]
+
+
 def test_dataset_blocks_are_views_of_the_chunks_but_a_batch_that_spans_two():
     """feed.dataset()'s items: a chunk's whole batches are one view of its Arrow buffer; only a
     batch that spans two chunks is joined (a copy), as the first part of the next chunk's item (one
     item per chunk); every row once, in order."""
     from tfos.feed.node.datafeed import DataFeed
-    from tfos.feed.node.hub import Data, End, FeedHub, Origin
 
-    x = np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8)
-    chunks = [A.rows_to_batch([(x[i], i) for i in range(lo, min(lo + 400, 1000))]) for lo in (0, 400, 800)]
-    hub = FeedHub("test-secret")
-    q, origin = hub.queue("input"), Origin(None, train=True)
-    for c in chunks:
-        q.q.put(Data(c, origin, "f"))
-    q.q.put(End("f", 1000))
+    x, chunks = _three_chunks()
+    hub = _fed_hub(chunks)
     items = [parts for _schema, parts in DataFeed(hub)._blocks(64)]
     assert [[p[0].shape[:2] for p in parts] for parts in items] == [
         [(6, 64)], [(1, 64), (5, 64)], [(1, 64), (2, 64)], [(1, 40)]]
@@ -202,19 +214,13 @@ def test_dataset_blocks_keep_every_row_when_a_chunks_rest_comes_short():
     """If the whole batches _blocks counted on in a chunk come short (a feed cut meanwhile), the
     joined batch and the rest go as items of their own: no part is dropped, rows stay in order."""
     from tfos.feed.node.datafeed import DataFeed
-    from tfos.feed.node.hub import Data, End, FeedHub, Origin
 
     class Cut(DataFeed):
         def _take(self, n, admitted=False):
             return super()._take(n - 10 if admitted else n, admitted)  # 10 rows fewer than counted on
 
-    x = np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8)
-    chunks = [A.rows_to_batch([(x[i], i) for i in range(lo, min(lo + 400, 1000))]) for lo in (0, 400, 800)]
-    hub = FeedHub("test-secret")
-    q, origin = hub.queue("input"), Origin(None, train=True)
-    for c in chunks:
-        q.q.put(Data(c, origin, "f"))
-    q.q.put(End("f", 1000))
+    _x, chunks = _three_chunks()
+    hub = _fed_hub(chunks)
     items = [parts for _schema, parts in Cut(hub)._blocks(64)]
     assert all(len(parts) <= 2 for parts in items)
     labels = np.concatenate([p[1].reshape(-1) for parts in items for p in parts])
@@ -232,15 +238,9 @@ def test_dataset_yields_the_batches_of_batches_in_their_structure(rows):
     structure (tuple, 1-tuple, dict, single tensor), as feed.batches()."""
     tf = pytest.importorskip("tensorflow")
     from tfos.feed.node.datafeed import DataFeed
-    from tfos.feed.node.hub import Data, End, FeedHub, Origin
 
-    def feed():
-        hub = FeedHub("test-secret")
-        q, origin = hub.queue("input"), Origin(None, train=True)
-        for lo in range(0, len(rows), 100):  # chunks of 100 rows: batches of 32 span chunks
-            q.q.put(Data(A.rows_to_batch(rows[lo:lo + 100]), origin, "f"))
-        q.q.put(End("f", len(rows)))
-        return DataFeed(hub)
+    def feed():  # chunks of 100 rows: batches of 32 span chunks
+        return DataFeed(_fed_hub([A.rows_to_batch(rows[lo:lo + 100]) for lo in range(0, len(rows), 100)]))
 
     expected = list(feed().batches(32))
     got = list(feed().dataset(32).as_numpy_iterator())
@@ -261,13 +261,8 @@ def test_dataset_yields_the_batches_of_batches_in_their_structure(rows):
 def test_dataset_casts_the_columns_named_in_dtypes_and_keeps_the_structure(rows, dtypes):
     tf = pytest.importorskip("tensorflow")
     from tfos.feed.node.datafeed import DataFeed
-    from tfos.feed.node.hub import Data, End, FeedHub, Origin
 
-    hub = FeedHub("test-secret")
-    q, origin = hub.queue("input"), Origin(None, train=True)
-    for lo in range(0, len(rows), 100):
-        q.q.put(Data(A.rows_to_batch(rows[lo:lo + 100]), origin, "f"))
-    q.q.put(End("f", len(rows)))
+    hub = _fed_hub([A.rows_to_batch(rows[lo:lo + 100]) for lo in range(0, len(rows), 100)])
     got = list(DataFeed(hub).dataset(64, dtypes={k: tf.as_dtype(v) for k, v in dtypes.items()}).as_numpy_iterator())
     assert [len(tf.nest.flatten(b)[0]) for b in got] == [64, 64, 22]
     first = got[0]

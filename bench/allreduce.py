@@ -387,8 +387,8 @@ def print_table(ranks: int, sizes, results) -> None:
     print(f"ratios, {ranks} ranks (>1: faster than the reference)")
     for size in sizes:
         parts = []
-        for name in ("torch in tf.function", "tfos gloo", "tfos gloo grads", "tfos gloo grads loop", "tfos gloo kept", "tfos gloo fp16",
-                     "tfos gloo bf16", *(n for n in names if n.startswith("grads, "))):
+        for name in ("torch in tf.function", "tfos gloo", "tfos gloo grads", "tfos gloo grads loop", "tfos gloo kept",
+                     "tfos gloo fp16", "tfos gloo bf16", *(n for n in names if n.startswith("grads, "))):
             if name in results:
                 if ref:
                     parts.append(f"{name}/torch {ref[size] / results[name][size]:.2f}")

@@ -118,8 +118,9 @@ def tfos_path_counter(plan, ctx):
 
 def run_plan(sc, rows, partitions, plan, uneven=lambda key: "drop", before=None, chunk_rows=lambda key: None):
     """One train() per (path, batch) of ``plan`` on one cluster (``uneven(key)``: the feed's policy;
-    ``before(key)`` runs ahead of each feed while the cluster waits; ``chunk_rows(key)``: train's). Returns, per feed, (key, rows/s,
-    the machine's CPU-s, the driver process's CPU-s, the TF processes' CPU-s), and the nodes' metrics."""
+    ``before(key)`` runs ahead of each feed while the cluster waits; ``chunk_rows(key)``: train's).
+    Returns, per feed, (key, rows/s, the machine's CPU-s, the driver process's CPU-s, the TF
+    processes' CPU-s), and the nodes' metrics."""
     from tfos import InputMode, TFCluster
     from tfos.testing import wait_for
 

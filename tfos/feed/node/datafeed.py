@@ -348,7 +348,8 @@ class DataFeed:
 
     def dataset(self, batch_size: int, output_signature=None, dtypes=None):
         """A ``tf.data.Dataset`` of ready batches from the feed (element spec inferred from the first
-        batch unless ``output_signature`` is given; ``dtypes`` casts columns, by position or, for dict rows, by name: {0: tf.float32}).
+        batch unless ``output_signature`` is given; ``dtypes`` casts columns, by position or, for
+        dict rows, by name: {0: tf.float32}).
 
         Batches are cut from the Arrow chunks in blocks (one Python call per chunk, not per batch;
         TF slices each block into its batches without a copy) and prefetched in the background, so

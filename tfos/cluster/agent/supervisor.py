@@ -115,7 +115,8 @@ class NodeAgent:
         self.driver = DriverClient.for_node(cfg)
         self.beats = DriverClient.for_node(cfg)  # heartbeats only, on one connection held until the agent ends
         self.beats.keep_connection()
-        self.stop_event = threading.Event()
+        self.stop_event = threading.Event()  # a termination signal
+        self.wake = threading.Event()  # supervise() looks again now: a termination signal, or the TF process ended
         self.proc: subprocess.Popen | None = None  # the reaper, parent of the TF process
         self.log_path = node_log_path(kept_logs_dir(cfg.cluster.cluster_id) if "LOG_DIRS" not in os.environ else "",
                                       cfg.node_index, os.environ)
@@ -156,6 +157,8 @@ class NodeAgent:
                 self.stop_tf_process()
             return 1
         _say(f"STARTED tf_pid={self.proc.pid} gpus={','.join(gpus) or 'none'}")
+        # the TF process's end wakes supervise() at once, not at its next heartbeat: a restart starts sooner
+        threading.Thread(target=lambda: (self.proc.wait(), self.wake.set()), name="tfos-tf-exit", daemon=True).start()
         logger.info("TF process started under reaper %d for node %d (%s:%d), gpus=%s", self.proc.pid,
                     cfg.node_index, cfg.job_name, cfg.task_index, gpus or "none")
         why = "error in the node agent"
@@ -186,6 +189,7 @@ class NodeAgent:
         c = self.cfg.cluster
         last_contact = time.monotonic()
         while True:
+            self.wake.clear()
             if self.proc.poll() is not None:
                 return ""
             if self.stop_event.is_set():
@@ -209,7 +213,7 @@ class NodeAgent:
                 if time.monotonic() - last_contact > c.heartbeat_timeout:
                     logger.error("lost the driver for %.0fs (%s); stopping the TF process", c.heartbeat_timeout, e)
                     return f"{DRIVER_LOST} for {c.heartbeat_timeout:.0f}s"
-            self.stop_event.wait(c.heartbeat_interval)
+            self.wake.wait(c.heartbeat_interval)
 
     def send_stacks(self, request: int) -> None:
         """Have the TF process write every thread's stack (STACKS_SIGNAL) and send them to the driver
@@ -296,6 +300,9 @@ def main() -> int:
     logging.basicConfig(filename=os.path.join(cfg.node_dir, "agent.log"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     agent = NodeAgent(cfg)
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop_event.set())
-    signal.signal(signal.SIGINT, lambda *_: agent.stop_event.set())
+    def stop(*_):
+        agent.stop_event.set()
+        agent.wake.set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     return agent.run()

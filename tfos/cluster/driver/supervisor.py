@@ -38,6 +38,9 @@ EXPLAIN_WAIT_SECS = 10.0
 #: How long a failing cluster waits for the other nodes' exit reports, so that the node whose own
 #: error started the failure leads the driver's error even when it reports last.
 FIRST_CAUSE_WAIT_SECS = 3.0
+#: how often the monitor looks at the nodes (agents lost, a failure to restart after, a stall): the
+#: delay between a node's exit report or a lost agent's grace running out and the driver acting
+MONITOR_TICK_SECS = 0.25
 
 
 class Supervisor:
@@ -271,8 +274,7 @@ class Supervisor:
                                       for f in self.registry.snapshot().failures]
 
     def _monitor_loop(self) -> None:
-        interval = max(0.2, self.config.heartbeat_interval)
-        while not self._closing.wait(interval):
+        while not self._closing.wait(MONITOR_TICK_SECS):
             c = self.config
             self.registry.check_heartbeats(c.heartbeat_timeout, disconnect_grace(c.heartbeat_interval,
                                                                                  c.heartbeat_timeout))

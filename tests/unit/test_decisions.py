@@ -475,18 +475,21 @@ def test_locality_slack_lets_a_node_run_ahead_until_the_last_partitions(assigned
     assert locality_slack(assigned, started, partitions, live) == expected
 
 
-@pytest.mark.parametrize("now, last, disconnected, expected", [
-    (10.0, 9.5, None, None),                 # heartbeating
-    (20.0, 9.0, None, "no heartbeat for 10s"),  # silent past heartbeat_timeout: lost
-    (10.0, 9.0, 9.5, None),                  # connection closed 0.5 s ago: within the grace
-    (12.5, 9.0, 9.5, "connection to the driver closed"),  # closed 3 s ago, no heartbeat since: lost
-    (12.5, 11.0, 9.5, None),                 # closed, then a heartbeat on a new connection: alive
-    (12.5, 9.5, 9.5, "connection to the driver closed"),  # closed right after its last heartbeat
+@pytest.mark.parametrize("now, last, disconnected, stopping, expected", [
+    (10.0, 9.5, None, False, None),                 # heartbeating
+    (20.0, 9.0, None, False, "no heartbeat for 10s"),  # silent past heartbeat_timeout: lost
+    (10.0, 9.0, 9.5, False, None),                  # connection closed 0.5 s ago: within the grace
+    (12.5, 9.0, 9.5, False, "did not come back within"),  # closed 3 s ago, no heartbeat since: lost
+    (12.5, 11.0, 9.5, False, None),                 # closed, then a heartbeat on a new connection: alive
+    (12.5, 9.5, 9.5, False, "did not come back within"),  # closed right after its last heartbeat
+    (10.0, 9.0, 9.5, True, "while the driver was stopping"),  # being stopped: no grace
+    (10.0, 9.5, None, True, None),                  # being stopped, still connected: waits for its exit
+    (10.0, 9.8, 9.5, True, None),                   # being stopped, came back on a new connection
 ])
-def test_agent_lost_table(now, last, disconnected, expected):
+def test_agent_lost_table(now, last, disconnected, stopping, expected):
     from tfos.cluster.driver.lifecycle import agent_lost
 
-    why = agent_lost(now, last, disconnected, timeout=10.0, grace=2.5)
+    why = agent_lost(now, last, disconnected, timeout=10.0, grace=2.5, stopping=stopping)
     assert why is None if expected is None else expected in why
 
 

@@ -223,15 +223,21 @@ def disconnect_grace(heartbeat_interval: float, heartbeat_timeout: float) -> flo
 
 
 def agent_lost(now: float, last_heartbeat: float, disconnected_at: float | None, timeout: float,
-               grace: float) -> str | None:
+               grace: float, stopping: bool = False) -> str | None:
     """Pure: why a running node's agent counts as lost at ``now``, or None.
 
     Silence alone takes ``timeout`` (``heartbeat_timeout``: a host that vanished from the network,
     or a stalled agent). An agent keeps one connection for its heartbeats, so a connection that
     closed (``disconnected_at``) with no heartbeat since says its process died, or its host did:
     the kernel closed the socket. That takes only ``grace``, the time a live agent needs to
-    reconnect, so that a restart need not wait ``heartbeat_timeout`` for a node that is gone."""
-    if disconnected_at is not None and disconnected_at >= last_heartbeat and now - disconnected_at > grace:
+    reconnect, so that a restart need not wait ``heartbeat_timeout`` for a node that is gone.
+    A node the driver is ``stopping`` (a restart, the end) gets no grace: the grace only lets a live
+    agent come back to be told to stop, which the driver has then done without it."""
+    closed = disconnected_at is not None and disconnected_at >= last_heartbeat
+    if closed and stopping:
+        return ("lost the node agent: its connection to the driver closed while the driver was stopping the "
+                "nodes (its executor or host died)")
+    if closed and now - disconnected_at > grace:
         return (f"lost the node agent: its connection to the driver closed and it did not come back within "
                 f"{grace:.0f}s (its executor or host died)")
     if now - last_heartbeat > timeout:

@@ -403,7 +403,7 @@ class NodeRegistry:
                 if not n.agent or n.exited is not None:
                     continue
                 why = agent_lost(now, n.last_heartbeat, n.disconnected_at, timeout,
-                                 timeout if grace is None else grace)
+                                 timeout if grace is None else grace, stopping=n.stop)
                 if why:
                     self.fail(NodeFailure(i, n.job_name, n.task_index, self.host_of(i), why))
                     n.exited = M.NodeExited(self.cluster_id, i, -1, "", "", "", False)

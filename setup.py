@@ -7,7 +7,8 @@ setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfos", "tfos.*"]),
-    package_data={"tfos.data": ["hdfs_tf/Cargo.toml", "hdfs_tf/Cargo.lock", "hdfs_tf/build.rs", "hdfs_tf/src/*.rs"]},
+    package_data={"tfos.data": ["hdfs_tf/Cargo.toml", "hdfs_tf/Cargo.lock", "hdfs_tf/build.rs", "hdfs_tf/src/*.rs"],
+                  "tfos.tf": ["gloo_cc/*.cc"]},
     python_requires=">=3.10",
     install_requires=["pyarrow>=14", "numpy", "tqdm", "protobuf>=4.23", "google-crc32c>=1.5"],
     extras_require={

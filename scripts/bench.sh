@@ -14,4 +14,7 @@ if [ "$name" = "feed" ] || [ "$name" = "startup" ]; then  # the reference: Tenso
     python -m pip install -q "setuptools<81"
   fi
 fi
+if [ "$name" = "allreduce" ]; then  # tfos's Gloo op for tf.function (C++; kept in the cache by source and version)
+  python -m tfos.tf.gloo_kernel build >/dev/null
+fi
 exec python "bench/$name.py" "$@"

@@ -186,20 +186,27 @@ def gloo_peer_killed_main(args, ctx):
 
         threading.Timer(3.0, kill).start()
     big = np.ones(8 << 20, "float32")
+    if args.get("in_function"):  # tfos's Gloo op when built (test.sh builds it), else tf.py_function
+        import tensorflow as tf
+
+        step = tf.function(lambda: keras_dist.allreduce(tf.ones([8 << 20])))
+        for _ in range(100_000):
+            step()
     for _ in range(100_000):
         keras_dist.allreduce(big)
 
 
 @pytest.mark.slow
 @needs_gloo
-def test_gloo_peer_killed_mid_allreduce_fails_the_cluster_within_30_s(tfos_cluster, tmp_path):
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "tf.function"])
+def test_gloo_peer_killed_mid_allreduce_fails_the_cluster_within_30_s(tfos_cluster, tmp_path, in_function):
     import time
 
     from tfos.errors import NodeFailedError
 
     killed_at = tmp_path / "killed_at"
     cluster = tfos_cluster(2, 0)
-    cluster.start(gloo_peer_killed_main, {"killed_at": str(killed_at)})
+    cluster.start(gloo_peer_killed_main, {"killed_at": str(killed_at), "in_function": in_function})
     with pytest.raises(NodeFailedError) as exc:
         cluster.shutdown(timeout=120)
     delay = time.time() - float(killed_at.read_text())

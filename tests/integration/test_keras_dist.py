@@ -82,6 +82,7 @@ def _primitives(opts) -> int:
     out["opt_class"] = type(opt).__name__
     out["opt_config_name"] = keras.optimizers.serialize(opt)["class_name"]
     out["implementation"] = keras_dist._state.implementation
+    out["gloo_op"] = keras_dist._state.gloo is not None and keras_dist._state.gloo._kernel is not None
     big = np.arange(5_000_000, dtype="float32") * (rank + 1)  # > gloo.CHUNK_BYTES: copied in chunks
     out["big_ok"] = bool(np.array_equal(keras_dist.allreduce(big, average=False).numpy(), big / (rank + 1) * 3))
     out["big_unchanged"] = bool(np.array_equal(big, np.arange(5_000_000, dtype="float32") * (rank + 1)))
@@ -93,12 +94,13 @@ def _primitives(opts) -> int:
     @tf.function
     def in_step(v, t, scale):
         made = [tf.fill([400_000], scale * (rank + 1.0)), tf.fill([5], scale * (rank + 1.0)),
-                tf.fill([2, 3], tf.cast(scale, tf.float16) * (rank + 1))]
+                tf.fill([2, 3], tf.cast(scale, tf.float16) * (rank + 1)),
+                tf.fill([3_000_001], scale * (rank + 1.0))]  # 12 MB: Gloo gets it in 2 uneven parts (split_count)
         reduced = keras_dist._all_reduce_list([v.value(), t] + made, average=True)
         return [tf.reduce_sum(r) for r in reduced]
 
     sums = [float(x) for x in in_step(kept_v, kept_t, tf.constant(2.0))]
-    out["in_step"] = sums == [450_000.0, 450_000.0, 1_200_000.0, 15.0, 18.0]
+    out["in_step"] = sums == [450_000.0, 450_000.0, 1_200_000.0, 15.0, 18.0, 9_000_003.0]
     out["in_step_sums"] = sums
     out["in_step_unchanged"] = bool(np.all(kept_v.numpy() == rank + 1.0) and np.all(kept_t.numpy() == rank + 1.0))
     out["bf16"] = keras_dist.allreduce(tf.constant([rank + 1.0], tf.bfloat16)).numpy().astype("float32").tolist()
@@ -338,20 +340,30 @@ needs_gloo = pytest.mark.skipif(not gloo.installed(), reason="PyTorch (tfos[gloo
 @pytest.mark.slow
 @pytest.mark.parametrize("chief,method,implementation", [
     ("chief", "strategy", "tf"), ("master", "strategy", "tf"), ("master", "context", "tf"),
-    pytest.param("master", "strategy", "auto", marks=needs_gloo)])
-def test_primitives_two_workers(tmp_path, chief, method, implementation):
+    pytest.param("master", "strategy", "auto", marks=needs_gloo),
+    pytest.param("chief", "context", "gloo without its op", marks=needs_gloo)])
+def test_primitives_two_workers(tmp_path, monkeypatch, chief, method, implementation):
     """Exact values: mean/sum all-reduce, broadcast from rank 1 (3 dtypes), optimizer averaging in a
     traced tf.function called twice and eagerly, a 20 MB all-reduce (Gloo: copied in chunks; the
     input stays unchanged), in a tf.function a variable's value and a kept argument unchanged beside
     tensors the step made (Gloo reduces those where they lie), bfloat16. Cluster = 1 chief (rank 0) + 1 worker (rank 1); the chief's
     job may have TF 1.x's name 'master' (``master_node='master'``). 'auto' is Gloo on this CPU host
-    (PyTorch is installed), so that case runs the Gloo implementation."""
+    (PyTorch is installed), so that case runs the Gloo implementation, in tf.function through
+    tfos's op (built here if it is not); 'gloo without its op' through tf.py_function."""
+    if implementation == "auto":
+        from tfos.tf import gloo_kernel
+
+        gloo_kernel.build()  # kept in the cache: once per source and version
+    elif implementation == "gloo without its op":
+        monkeypatch.setenv("TFOS_GLOO_KERNEL", "0")
+        implementation = "gloo"
     results, wall, tmp = run_workers(extra_args=["--mode", "primitives", "--method", method,
                                                  "--implementation", implementation], timeout=120,
                                      chief=chief, workdir=tmp_path)
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:
         assert r["implementation"] == ("tf" if implementation == "tf" else "gloo")
+        assert r["gloo_op"] == (implementation == "auto")
         assert r["big_ok"] and r["big_unchanged"] and r["bf16"] == [1.5]
         assert r["in_step"] and r["in_step_unchanged"], r["in_step_sums"]
         assert r["compressed"] == [[1.5, 1000.0], [1.5, 1000.0]]

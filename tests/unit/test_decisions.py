@@ -499,3 +499,16 @@ def test_disconnect_grace_table(interval, timeout, expected):
     from tfos.cluster.driver.lifecycle import disconnect_grace
 
     assert disconnect_grace(interval, timeout) == expected
+
+
+@pytest.mark.parametrize("nbytes, max_pieces, piece_bytes, expected", [
+    (0, 4, 4 << 20, 1), (1000, 4, 4 << 20, 1), ((8 << 20) - 1, 4, 4 << 20, 1),  # under two pieces: whole
+    (8 << 20, 4, 4 << 20, 2), (12_000_004, 4, 4 << 20, 2), (16 << 20, 4, 4 << 20, 4),
+    (256 << 20, 4, 4 << 20, 4),  # no more parts than Gloo has threads
+    (64 << 20, 1, 4 << 20, 1), (64 << 20, 4, 0, 1),  # one thread, or splitting off
+])
+def test_gloo_split_count_table(nbytes, max_pieces, piece_bytes, expected):
+    pytest.importorskip("numpy")
+    from tfos.tf.gloo import split_count
+
+    assert split_count(nbytes, max_pieces, piece_bytes) == expected

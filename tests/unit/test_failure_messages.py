@@ -136,6 +136,8 @@ COLLECTIVE = ("tensorflow.python.framework.errors_impl.UnavailableError: Collect
     ([(1, "ValueError: a"), (0, "KeyError: b")], [1, 0]),          # two own errors: in arrival order
     ([(0, "RuntimeError: Gloo all-reduce: Connection reset by peer"), (1, "killed by signal 9")], [1, 0]),
     ([(0, COLLECTIVE)], [0]),                                      # nothing better is known: it still shows
+    ([(0, "InternalError: Gloo all-reduce failed on rank 0 of 2 (a peer died or stopped answering; the timeout is "
+          "600 s, ...): [gloo/transport/tcp/pair.cc:537] Read error"), (1, "ValueError: own")], [1, 0]),  # the op's
 ])
 def test_the_first_cause_leads_and_the_rest_follow_as_then(arrived, expected):
     from tfos.cluster.driver.lifecycle import first_cause_first

@@ -1,0 +1,101 @@
+// The torch side of tfos's Gloo op: a registry of Gloo process groups made in Python, and the
+// all-reduce the TF kernel (op.cc) calls with its buffers, without Python and without the GIL.
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+std::mutex groups_mu;
+std::unordered_map<int64_t, c10::intrusive_ptr<c10d::Backend>> groups;
+int64_t next_handle = 1;
+
+int64_t add_group(c10::intrusive_ptr<c10d::Backend> pg) {
+  std::lock_guard<std::mutex> lock(groups_mu);
+  groups[next_handle] = std::move(pg);
+  return next_handle++;
+}
+
+void remove_group(int64_t handle) {
+  std::lock_guard<std::mutex> lock(groups_mu);
+  groups.erase(handle);
+}
+
+// the dtype codes op.cc sends (the order of its type list)
+const at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                 at::kInt,   at::kLong,   at::kChar, at::kByte};
+
+void say(char* err, int errlen, const std::string& text) {
+  std::snprintf(err, static_cast<size_t>(errlen), "%s", text.c_str());
+}
+
+}  // namespace
+
+// Sums (or averages where average[i], dividing by the group's size) n buffers in place over the
+// group's ranks: every collective is issued before the first is waited for, and a buffer of
+// bytes >= 2 * piece_bytes goes as min(max_pieces, bytes / piece_bytes) collectives on its parts,
+// which Gloo's threads run at once (tfos.tf.gloo.split_count, the same rule for the Python path).
+// Returns 0, or 1 with the error's text in err.
+extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const int64_t* counts,
+                                   const int* types, const bool* average, int64_t max_pieces,
+                                   int64_t piece_bytes, char* err, int errlen) {
+  c10::intrusive_ptr<c10d::Backend> pg;
+  {
+    std::lock_guard<std::mutex> lock(groups_mu);
+    auto it = groups.find(handle);
+    if (it == groups.end()) {
+      say(err, errlen, "no Gloo group " + std::to_string(handle) + " in this process (closed?)");
+      return 1;
+    }
+    pg = it->second;
+  }
+  try {
+    std::vector<std::vector<at::Tensor>> tensors(static_cast<size_t>(n));
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int i = 0; i < n; ++i) {
+      if (counts[i] == 0) continue;
+      if (types[i] < 0 || types[i] >= static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0]))) {
+        say(err, errlen, "unknown dtype code " + std::to_string(types[i]));
+        return 1;
+      }
+      at::Tensor t = at::from_blob(data[i], {counts[i]}, at::TensorOptions().dtype(kTypes[types[i]]));
+      tensors[i].push_back(t);
+      const int64_t bytes = counts[i] * static_cast<int64_t>(t.element_size());
+      const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(max_pieces, piece_bytes > 0 ? bytes / piece_bytes : 1));
+      const int64_t step = (counts[i] + pieces - 1) / pieces;
+      for (int64_t off = 0; off < counts[i]; off += step) {
+        std::vector<at::Tensor> part{t.narrow(0, off, std::min(step, counts[i] - off))};
+        works.push_back(pg->allreduce(part));
+      }
+    }
+    for (auto& w : works) w->wait();
+    const int size = pg->getSize();
+    for (int i = 0; i < n; ++i) {  // averaged once every collective is done (they compete for the cores)
+      if (!average[i] || size <= 1 || tensors[i].empty()) continue;
+      at::Tensor& t = tensors[i][0];
+      if (at::isFloatingType(t.scalar_type())) {
+        t.mul_(1.0 / size);
+      } else {
+        t.floor_divide_(size);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    say(err, errlen, e.what());
+    return 1;
+  }
+}
+
+PYBIND11_MODULE(_tfos_gloo, m) {
+  m.def("register", &add_group, "a handle for this Gloo group, for the TfosGlooAllReduce op");
+  m.def("unregister", &remove_group);
+}

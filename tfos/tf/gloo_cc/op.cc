@@ -1,0 +1,96 @@
+// The TF side of tfos's Gloo op: TfosGlooAllReduce sums a list of tensors over a Gloo group
+// (bridge.cc), reducing each in its own buffer when TF forwards it (nothing else reads it) and in
+// a copy otherwise.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const int64_t* counts,
+                                   const int* types, const bool* average, int64_t max_pieces,
+                                   int64_t piece_bytes, char* err, int errlen);
+
+namespace {
+
+using tensorflow::DataType;
+
+int type_code(DataType t) {
+  switch (t) {
+    case tensorflow::DT_FLOAT: return 0;
+    case tensorflow::DT_DOUBLE: return 1;
+    case tensorflow::DT_HALF: return 2;
+    case tensorflow::DT_BFLOAT16: return 3;
+    case tensorflow::DT_INT32: return 4;
+    case tensorflow::DT_INT64: return 5;
+    case tensorflow::DT_INT8: return 6;
+    case tensorflow::DT_UINT8: return 7;
+    default: return -1;
+  }
+}
+
+class GlooAllReduceOp : public tensorflow::OpKernel {
+ public:
+  explicit GlooAllReduceOp(tensorflow::OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("handle", &handle_));
+    OP_REQUIRES_OK(c, c->GetAttr("average", &average_));
+    OP_REQUIRES_OK(c, c->GetAttr("context", &context_));
+    OP_REQUIRES_OK(c, c->GetAttr("max_pieces", &max_pieces_));
+    OP_REQUIRES_OK(c, c->GetAttr("piece_bytes", &piece_bytes_));
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs();
+    OP_REQUIRES(ctx, static_cast<int>(average_.size()) == n,
+                tensorflow::errors::InvalidArgument("average has ", average_.size(), " entries for ", n, " inputs"));
+    std::vector<void*> data(n);
+    std::vector<int64_t> counts(n);
+    std::vector<int> types(n);
+    std::unique_ptr<bool[]> average(new bool[n]);
+    for (int i = 0; i < n; ++i) {
+      const tensorflow::Tensor& in = ctx->input(i);
+      tensorflow::Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out));
+      auto src = in.tensor_data();
+      auto dst = out->tensor_data();
+      if (dst.data() != src.data() && src.size()) std::memcpy(const_cast<char*>(dst.data()), src.data(), src.size());
+      data[i] = const_cast<char*>(dst.data());
+      counts[i] = in.NumElements();
+      types[i] = type_code(in.dtype());
+      average[i] = average_[i];
+    }
+    char err[4096];
+    err[0] = '\0';
+    const int rc = tfos_gloo_allreduce(handle_, n, data.data(), counts.data(), types.data(), average.get(),
+                                       max_pieces_, piece_bytes_, err, static_cast<int>(sizeof(err)));
+    OP_REQUIRES(ctx, rc == 0, tensorflow::errors::Internal(context_, ": ", err));
+  }
+
+ private:
+  tensorflow::int64 handle_ = 0;
+  std::vector<bool> average_;
+  std::string context_;
+  tensorflow::int64 max_pieces_ = 1;
+  tensorflow::int64 piece_bytes_ = 0;
+};
+
+}  // namespace
+
+REGISTER_OP("TfosGlooAllReduce")
+    .Input("inputs: T")
+    .Output("outputs: T")
+    .Attr("T: list({float, double, half, bfloat16, int32, int64, int8, uint8})")
+    .Attr("handle: int")
+    .Attr("average: list(bool)")
+    .Attr("context: string = ''")
+    .Attr("max_pieces: int = 1")
+    .Attr("piece_bytes: int = 0")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("TfosGlooAllReduce").Device(tensorflow::DEVICE_CPU), GlooAllReduceOp);

@@ -1,0 +1,220 @@
+"""The Gloo all-reduce as a TensorFlow op: ``TfosGlooAllReduce``, C++ calling PyTorch's Gloo.
+
+:mod:`tfos.tf.gloo` enters Gloo from a ``tf.py_function``. In a ``tf.function`` that costs a
+Python call per all-reduce on one of TF's threads (the GIL, tensor wrapping): 0.86-0.94x of torch's
+own call at 16 MiB on this machine (bench/README, all-reduce). The op in ``gloo_cc/`` does the same
+work without Python:
+
+- ``op.cc`` (built against TensorFlow's headers) is the kernel. Each input is reduced in its own
+  buffer when TF forwards it to the output (nothing else reads it: a gradient), else in a copy
+  (a variable's value, an argument the caller keeps). This is TF's own buffer forwarding,
+  ``forward_input_or_allocate_output``.
+- ``bridge.cc`` (built against PyTorch's headers) keeps the Gloo process groups that Python made,
+  by handle. It runs their all-reduces on the kernel's buffers and averages after the last. The
+  two halves meet through one C function, so each keeps its own headers and C++ ABI.
+
+``python -m tfos.tf.gloo_kernel build`` compiles it with the system's C++ compiler (``$CXX``, else
+g++; ~30 s, once per source, TensorFlow, PyTorch and Python version) into ``$TFOS_CACHE_DIR``.
+:func:`load` brings it into a process, and :class:`tfos.tf.gloo.Group` uses it in ``tf.function``
+when it is built. Without it (or with ``TFOS_GLOO_KERNEL=0``) the ``tf.py_function`` path runs,
+with the same results. Runs in the TF process; code is loaded only from files that this user or
+root alone can change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from tfos.errors import TFOSError
+from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("gloo_cc")
+LIBRARY = "_tfos_gloo.so"
+MODULE = "_tfos_gloo"  # bridge.cc's PYBIND11_MODULE name
+ENV_SWITCH = "TFOS_GLOO_KERNEL"
+BUILD_TIMEOUT = 900.0
+
+_lock = threading.Lock()
+_loaded: "Kernel | None" = None
+_tried = False
+
+
+class KernelBuildError(TFOSError):
+    """The Gloo op could not be built (no compiler, no PyTorch or TensorFlow, a compile error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """The loaded op: ``all_reduce(inputs, handle=, average=, context=)`` (TF's generated wrapper),
+    and the bridge's ``register(process_group) -> handle`` and ``unregister(handle)``."""
+    all_reduce: object
+    register: object
+    unregister: object
+    path: str
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for names in (("tensorflow-cpu", "tensorflow", "tf-nightly"), ("torch",)):
+        for name in names:
+            try:
+                found.append(f"{name}=={version(name)}")
+                break
+            except PackageNotFoundError:
+                continue
+        else:
+            found.append(f"{names[0]} missing")
+    # the environment too: the library's rpaths point into it
+    return " ".join(found) + f" python {sys.version_info[0]}.{sys.version_info[1]} in {sys.prefix}"
+
+
+@functools.lru_cache(maxsize=4)
+def source_key(versions: str) -> str:
+    """What a build depends on: the sources, and the TensorFlow, PyTorch and Python (environment) it is
+    built for."""
+    h = hashlib.sha256(versions.encode())
+    for p in sorted(SOURCE.glob("*.cc")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def built_path() -> Path:
+    """Where the build for these sources and versions is (whether or not it exists; nothing is created)."""
+    return Path(user_cache_root()) / f"gloo-kernel-{source_key(_versions())}" / LIBRARY
+
+
+def build(timeout: float = BUILD_TIMEOUT) -> str:
+    """Compile the op unless built for these sources and versions; returns the library's path."""
+    out = built_path()
+    if out.is_file():
+        return str(out)
+    user_cache_dir(out.parent.name)  # created 0700 (and checked) only to build into
+    with open(Path(user_cache_dir()) / "gloo-kernel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then find it
+        if out.is_file():
+            return str(out)
+        return _build(out, timeout)
+
+
+def compile_commands(workdir: Path, out: Path) -> list[list[str]]:
+    """The compiler runs: bridge.cc with PyTorch's headers and ABI, op.cc with TensorFlow's flags,
+    and the link (rpaths to both libraries' directories)."""
+    import sysconfig
+
+    try:
+        import tensorflow as tf
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError as e:
+        raise KernelBuildError(f"the Gloo op is built against TensorFlow and PyTorch: {e}. "
+                               "pip install 'tfos[tf,gloo]'") from None
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise KernelBuildError("a C++ compiler is needed to build the Gloo op: install g++ (or set CXX)")
+    torch_libs = list(cpp_extension.library_paths())
+    bridge = [cxx, "-O2", "-fPIC", "-std=c++20", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+              *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{sysconfig.get_paths()['include']}",
+              "-c", str(SOURCE / "bridge.cc"), "-o", str(workdir / "bridge.o")]
+    op = [cxx, "-O2", "-fPIC", "-w", *tf.sysconfig.get_compile_flags(), "-c", str(SOURCE / "op.cc"),
+          "-o", str(workdir / "op.o")]
+    link = [cxx, "-shared", str(workdir / "bridge.o"), str(workdir / "op.o"), "-o", str(out),
+            *(f"-L{p}" for p in torch_libs), "-ltorch_cpu", "-lc10", "-ltorch_python", *tf.sysconfig.get_link_flags(),
+            *(f"-Wl,-rpath,{p}" for p in torch_libs + [tf.sysconfig.get_lib()])]
+    return [bridge, op, link]
+
+
+def _build(out: Path, timeout: float) -> str:
+    from tfos.host.processes import popen_dying_with_process, tail, terminate
+
+    work = Path(user_cache_dir(out.parent.name))
+    tmp = out.with_suffix(".tmp")
+    log = work / "build.log"
+    logger.info("building the Gloo op for TensorFlow (C++, about a minute once); log: %s", log)
+    with open(log, "wb") as f:
+        for args in compile_commands(work, tmp):
+            f.write((" ".join(args) + "\n").encode())
+            f.flush()
+            # its own process group (terminate() stops the compiler's children too), SIGTERM if we die
+            proc = popen_dying_with_process(args, signal.SIGTERM, stdout=f, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise KernelBuildError(f"building the Gloo op took over {timeout:.0f}s; see {log}") from None
+            finally:
+                terminate(proc, 5.0, "compiler")
+            if code != 0:
+                raise KernelBuildError(f"building the Gloo op failed ({args[0]} exit {code}):\n{tail(str(log), 30)}")
+    os.chmod(tmp, 0o700)
+    os.replace(tmp, out)
+    return str(out)
+
+
+def load() -> Kernel | None:
+    """The op in this process (loaded once), or None: not built, switched off (``TFOS_GLOO_KERNEL=0``),
+    or it would not load (logged; the ``tf.py_function`` path then runs)."""
+    global _loaded, _tried
+    with _lock:
+        if _tried:
+            return _loaded
+        _tried = True
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            return None
+        path = built_path()
+        if not path.is_file():
+            logger.info("the Gloo op is not built here: all-reduces in tf.function go through tf.py_function "
+                        "(slower per call); build it with 'python -m tfos.tf.gloo_kernel build'")
+            return None
+        check_trusted_file(str(path))
+        try:
+            import tensorflow as tf
+            import torch.distributed  # noqa: F401  (PyTorch's libraries first: the bridge links them)
+
+            ops = tf.load_op_library(str(path))  # first: TF sees the op register as the library loads
+            spec = importlib.util.spec_from_file_location(MODULE, path)
+            bridge = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(bridge)
+        except Exception as e:  # a build for another environment: fall back, say why
+            logger.warning("the Gloo op %s does not load (%s); all-reduces go through tf.py_function. Rebuild "
+                           "it with 'python -m tfos.tf.gloo_kernel build'", path, e)
+            return None
+        _loaded = Kernel(ops.tfos_gloo_all_reduce, bridge.register, bridge.unregister, str(path))
+        logger.info("Gloo all-reduces in tf.function run in tfos's op %s", path)
+        return _loaded
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfos.tf.gloo_kernel",
+                                     description="tfos's Gloo all-reduce as a TensorFlow op")
+    parser.add_argument("command", choices=["build", "path"],
+                        help="build: compile it unless built (prints its path); path: where its build is")
+    args = parser.parse_args(argv)
+    try:
+        path = build() if args.command == "build" else str(built_path())
+    except TFOSError as e:
+        logger.error("%s", e)
+        return 1
+    sys.stdout.write(path + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    raise SystemExit(main())

@@ -508,7 +508,13 @@ def test_disconnect_grace_table(interval, timeout, expected):
     (64 << 20, 1, 4 << 20, 1), (64 << 20, 4, 0, 1),  # one thread, or splitting off
 ])
 def test_gloo_split_count_table(nbytes, max_pieces, piece_bytes, expected):
-    pytest.importorskip("numpy")
     from tfos.tf.gloo import split_count
 
     assert split_count(nbytes, max_pieces, piece_bytes) == expected
+
+
+@pytest.mark.parametrize("ranks, expected", [(1, 1), (2, 4), (3, 1), (8, 1)])
+def test_gloo_splits_only_on_two_ranks(ranks, expected):
+    from tfos.tf.gloo import max_pieces
+
+    assert max_pieces(ranks) == expected

@@ -46,9 +46,12 @@ CHUNK_BYTES = 16 << 20
 #: same ranks in the same run (bench/README, all-reduce); on 3 ranks the two were within noise.
 THREADS = 4
 
-#: A tensor of at least twice this many bytes goes to Gloo as several collectives on its parts
-#: (:func:`split_count`), which Gloo's THREADS run at once: torch's own all-reduce of 16 / 64 MiB on
-#: 2 ranks ran 1.14 / 1.20x faster as 4 parts than whole, 2 parts gained less, 8 lost (this machine).
+#: On 2 ranks a tensor of at least twice this many bytes goes to Gloo as several collectives on its
+#: parts (:func:`split_count`), which Gloo's THREADS run at once: torch's own all-reduce of 16 / 64
+#: MiB on 2 ranks ran 1.14 / 1.20x faster as 4 parts than whole, 2 parts gained less, 8 lost (this
+#: machine). A 2-rank ring is one exchange, with nothing to overlap the sending and the summing but
+#: other collectives; from 3 ranks on the ring pipelines its own segments, and parts measured
+#: 0.94-1.01x of whole (bench/README, all-reduce).
 PIECE_BYTES = 4 << 20
 
 #: dtypes Gloo sums natively; other float dtypes are summed as float32.
@@ -61,6 +64,11 @@ INSTALL_HINT = ("pip install 'tfos[gloo]' (PyTorch's CPU wheel, ~190 MB download
 def installed() -> bool:
     """True when ``torch`` (with ``torch.distributed``) can be imported."""
     return importlib.util.find_spec("torch") is not None
+
+
+def max_pieces(ranks: int) -> int:
+    """Pure: how many parts a tensor may go to Gloo in, on a group of ``ranks`` (see PIECE_BYTES)."""
+    return THREADS if ranks == 2 else 1
 
 
 def split_count(nbytes: int, max_pieces: int = THREADS, piece_bytes: int = PIECE_BYTES) -> int:
@@ -168,7 +176,7 @@ class Group:
                                          context=f"Gloo all-reduce failed on rank {self.rank} of {self.size} (a peer "
                                                  f"died or stopped answering; the timeout is {self.timeout_seconds:g} "
                                                  f"s, {self.timeout_setting})",
-                                         max_pieces=THREADS, piece_bytes=PIECE_BYTES)
+                                         max_pieces=max_pieces(self.size), piece_bytes=PIECE_BYTES)
         else:
             ys = tf.py_function(lambda *ts: self._all_reduce_eager(ts, owns, average), xs, [x.dtype for x in xs])
         out = []
@@ -187,7 +195,7 @@ class Group:
             if own:
                 out, dst = x, src
                 view = _torch_view(dst)
-                step = max(1, -(-dst.size // split_count(dst.nbytes)))
+                step = max(1, -(-dst.size // split_count(dst.nbytes, max_pieces(self.size))))
                 ws = [self.pg.allreduce([view[i:i + step]]) for i in range(0, dst.size, step)]
             else:
                 out = tf.raw_ops.Empty(shape=tf.shape(x), dtype=x.dtype)

@@ -43,7 +43,8 @@ void say(char* err, int errlen, const std::string& text) {
 // Sums (or averages where average[i], dividing by the group's size) n buffers in place over the
 // group's ranks: every collective is issued before the first is waited for, and a buffer of
 // bytes >= 2 * piece_bytes goes as min(max_pieces, bytes / piece_bytes) collectives on its parts,
-// which Gloo's threads run at once (tfos.tf.gloo.split_count, the same rule for the Python path).
+// which Gloo's threads run at once (tfos.tf.gloo.split_count, the same rule for the Python path;
+// max_pieces is 1 from 3 ranks on: tfos.tf.gloo.max_pieces).
 // Returns 0, or 1 with the error's text in err.
 extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const int64_t* counts,
                                    const int* types, const bool* average, int64_t max_pieces,

@@ -4,11 +4,12 @@ For each tensor size (float32, default 16, 64 and 256 MiB) and rank count, in ON
   * torch Gloo (ref)   torch.distributed's ProcessGroupGloo.allreduce on a torch tensor, in place:
                        the reference the issue names
   * torch in tf.function  the same call on the same torch tensor, made from a tf.py_function inside
-                       a tf.function: no TF tensor, the same Gloo work; the ceiling of any path
-                       that enters Gloo the way tfos does (TF's function-call cost included)
+                       a tf.function: no TF tensor, the same Gloo work; the ceiling of tfos's
+                       tf.py_function path (without its op; TF's function-call cost included)
   * tfos gloo          tfos.keras_dist.allreduce(t) with implementation='gloo' (the default on CPU
                        hosts with PyTorch) inside tf.function, t made by the step and read by
-                       nothing else (as a gradient is): reduced in its own memory (TF forwards it)
+                       nothing else (as a gradient is): reduced in its own memory (TF forwards it),
+                       through tfos's op (scripts/bench.sh builds it; tfos.tf.gloo_kernel)
   * tfos gloo grads    the DistributedOptimizer under model.fit: 4 such tensors of size/4 (gradients
                        pre-divided by the workers through its scale_loss), summed, each in its own
                        memory, all issued in one call to Gloo

@@ -139,13 +139,18 @@ class Group:
                 for f, (_, c), y in zip(flats, wire, ys)]
 
     def _wait(self, works, what: str) -> None:
-        try:
-            for w in works:
+        """Wait for every one of ``works``, even after one failed (none may go on writing into a
+        buffer TF frees once the error is raised); then raise the first failure."""
+        first = None
+        for w in works:
+            try:
                 w.wait()
-        except Exception as e:
+            except Exception as e:
+                first = first or e
+        if first is not None:
             raise CollectiveError(
-                f"Gloo {what} failed on rank {self.rank} of {self.size}: {e}. A peer died or stopped answering; "
-                f"the timeout is {self.timeout_seconds:g} s ({self.timeout_setting})") from e
+                f"Gloo {what} failed on rank {self.rank} of {self.size}: {first}. A peer died or stopped answering; "
+                f"the timeout is {self.timeout_seconds:g} s ({self.timeout_setting})") from first
 
     def all_reduce_many(self, flats, owned, average):
         """Sum (or mean, where ``average[i]``) each 1-D tensor of ``flats`` over the group's ranks, in

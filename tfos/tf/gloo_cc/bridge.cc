@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -41,14 +42,23 @@ void say(char* err, int errlen, const std::string& text) {
 }  // namespace
 
 // Sums (or averages where average[i], dividing by the group's size) n buffers in place over the
-// group's ranks: every collective is issued before the first is waited for, and a buffer of
-// bytes >= 2 * piece_bytes goes as min(max_pieces, bytes / piece_bytes) collectives on its parts,
-// which Gloo's threads run at once (tfos.tf.gloo.split_count, the same rule for the Python path;
-// max_pieces is 1 from 3 ranks on: tfos.tf.gloo.max_pieces).
-// Returns 0, or 1 with the error's text in err.
-extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const int64_t* counts,
-                                   const int* types, const bool* average, int64_t max_pieces,
-                                   int64_t piece_bytes, char* err, int errlen) {
+// group's ranks. Every collective is issued before the first is waited for. A buffer of bytes >=
+// 2 * piece_bytes goes as min(max_pieces, bytes / piece_bytes) collectives on its parts, which
+// Gloo's threads run at once (tfos.tf.gloo.split_count, the same rule as the Python path;
+// max_pieces is 1 from 3 ranks on: tfos.tf.gloo.max_pieces). A buffer with a copy_from[i] (an
+// input TF keeps) is filled from it part by part, each part just before its collective is issued,
+// so the copy overlaps the parts already travelling. Returns 0, or 1 with the error's text in err;
+// either way no collective is left running on the buffers (the caller frees them).
+extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
+                                   const int64_t* counts, const int* types, const bool* average,
+                                   int64_t max_pieces, int64_t piece_bytes, char* err, int errlen) {
+  constexpr int kNumTypes = static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0]));
+  for (int i = 0; i < n; ++i) {
+    if (types[i] < 0 || types[i] >= kNumTypes) {
+      say(err, errlen, "unknown dtype code " + std::to_string(types[i]));
+      return 1;
+    }
+  }
   c10::intrusive_ptr<c10d::Backend> pg;
   {
     std::lock_guard<std::mutex> lock(groups_mu);
@@ -59,41 +69,58 @@ extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, con
     }
     pg = it->second;
   }
+  std::vector<at::Tensor> tensors(static_cast<size_t>(n));
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::string failure;
   try {
-    std::vector<std::vector<at::Tensor>> tensors(static_cast<size_t>(n));
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (int i = 0; i < n; ++i) {
       if (counts[i] == 0) continue;
-      if (types[i] < 0 || types[i] >= static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0]))) {
-        say(err, errlen, "unknown dtype code " + std::to_string(types[i]));
-        return 1;
-      }
       at::Tensor t = at::from_blob(data[i], {counts[i]}, at::TensorOptions().dtype(kTypes[types[i]]));
-      tensors[i].push_back(t);
-      const int64_t bytes = counts[i] * static_cast<int64_t>(t.element_size());
-      const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(max_pieces, piece_bytes > 0 ? bytes / piece_bytes : 1));
+      tensors[i] = t;
+      const int64_t item = t.element_size();
+      const int64_t bytes = counts[i] * item;
+      const int64_t pieces =
+          std::max<int64_t>(1, std::min<int64_t>(max_pieces, piece_bytes > 0 ? bytes / piece_bytes : 1));
       const int64_t step = (counts[i] + pieces - 1) / pieces;
       for (int64_t off = 0; off < counts[i]; off += step) {
-        std::vector<at::Tensor> part{t.narrow(0, off, std::min(step, counts[i] - off))};
+        const int64_t len = std::min(step, counts[i] - off);
+        if (copy_from[i] != nullptr) {
+          std::memcpy(static_cast<char*>(data[i]) + off * item, static_cast<const char*>(copy_from[i]) + off * item,
+                      static_cast<size_t>(len * item));
+        }
+        std::vector<at::Tensor> part{t.narrow(0, off, len)};
         works.push_back(pg->allreduce(part));
       }
     }
-    for (auto& w : works) w->wait();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  for (auto& w : works) {  // all of them, even after a failure: none may write into freed buffers
+    try {
+      w->wait();
+    } catch (const std::exception& e) {
+      if (failure.empty()) failure = e.what();
+    }
+  }
+  if (!failure.empty()) {
+    say(err, errlen, failure);
+    return 1;
+  }
+  try {
     const int size = pg->getSize();
     for (int i = 0; i < n; ++i) {  // averaged once every collective is done (they compete for the cores)
-      if (!average[i] || size <= 1 || tensors[i].empty()) continue;
-      at::Tensor& t = tensors[i][0];
-      if (at::isFloatingType(t.scalar_type())) {
-        t.mul_(1.0 / size);
+      if (!average[i] || size <= 1 || !tensors[i].defined()) continue;
+      if (at::isFloatingType(tensors[i].scalar_type())) {
+        tensors[i].mul_(1.0 / size);
       } else {
-        t.floor_divide_(size);
+        tensors[i].floor_divide_(size);
       }
     }
-    return 0;
   } catch (const std::exception& e) {
     say(err, errlen, e.what());
     return 1;
   }
+  return 0;
 }
 
 PYBIND11_MODULE(_tfos_gloo, m) {

@@ -1,7 +1,6 @@
 // The TF side of tfos's Gloo op: TfosGlooAllReduce sums a list of tensors over a Gloo group
 // (bridge.cc), reducing each in its own buffer when TF forwards it (nothing else reads it) and in
-// a copy otherwise.
-#include <cstring>
+// a copy otherwise (made by the bridge part by part, overlapping the parts already travelling).
 #include <string>
 #include <vector>
 
@@ -9,9 +8,9 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
-extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const int64_t* counts,
-                                   const int* types, const bool* average, int64_t max_pieces,
-                                   int64_t piece_bytes, char* err, int errlen);
+extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
+                                   const int64_t* counts, const int* types, const bool* average,
+                                   int64_t max_pieces, int64_t piece_bytes, char* err, int errlen);
 
 namespace {
 
@@ -46,6 +45,7 @@ class GlooAllReduceOp : public tensorflow::OpKernel {
     OP_REQUIRES(ctx, static_cast<int>(average_.size()) == n,
                 tensorflow::errors::InvalidArgument("average has ", average_.size(), " entries for ", n, " inputs"));
     std::vector<void*> data(n);
+    std::vector<const void*> copy_from(n, nullptr);  // an input TF keeps: the bridge copies it part by part
     std::vector<int64_t> counts(n);
     std::vector<int> types(n);
     std::unique_ptr<bool[]> average(new bool[n]);
@@ -55,7 +55,7 @@ class GlooAllReduceOp : public tensorflow::OpKernel {
       OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out));
       auto src = in.tensor_data();
       auto dst = out->tensor_data();
-      if (dst.data() != src.data() && src.size()) std::memcpy(const_cast<char*>(dst.data()), src.data(), src.size());
+      if (dst.data() != src.data() && src.size()) copy_from[i] = src.data();
       data[i] = const_cast<char*>(dst.data());
       counts[i] = in.NumElements();
       types[i] = type_code(in.dtype());
@@ -63,8 +63,8 @@ class GlooAllReduceOp : public tensorflow::OpKernel {
     }
     char err[4096];
     err[0] = '\0';
-    const int rc = tfos_gloo_allreduce(handle_, n, data.data(), counts.data(), types.data(), average.get(),
-                                       max_pieces_, piece_bytes_, err, static_cast<int>(sizeof(err)));
+    const int rc = tfos_gloo_allreduce(handle_, n, data.data(), copy_from.data(), counts.data(), types.data(),
+                                       average.get(), max_pieces_, piece_bytes_, err, static_cast<int>(sizeof(err)));
     OP_REQUIRES(ctx, rc == 0, tensorflow::errors::Internal(context_, ": ", err));
   }
 

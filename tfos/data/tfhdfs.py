@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 from tfos.errors import HadoopConfigError, TFOSError
+from tfos.host.builds import build_once, install, run_step
 from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
@@ -104,14 +102,7 @@ def build(timeout: float = BUILD_TIMEOUT) -> str:
     The build tree and the library stay in this user's cache (``$TFOS_CACHE_DIR``); the crates in
     cargo's own (``~/.cargo``)."""
     out = built_path()
-    if out.is_file():
-        return str(out)
-    user_cache_dir(out.parent.name)  # created 0700 (and checked) only to build into
-    with open(Path(user_cache_dir()) / "hdfs-tf.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then find it
-        if out.is_file():
-            return str(out)
-        return _build(out, timeout)
+    return build_once(out, "hdfs-tf.lock", lambda: _build(out, timeout))
 
 
 def _tf_lib() -> str:
@@ -126,8 +117,6 @@ def _tf_lib() -> str:
 
 
 def _build(out: Path, timeout: float) -> str:
-    from tfos.host.processes import popen_dying_with_process, tail, terminate
-
     cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
     if not os.path.isfile(cargo):
         raise PluginBuildError("cargo is needed to build the hdfs:// plugin for TensorFlow: install Rust "
@@ -138,23 +127,8 @@ def _build(out: Path, timeout: float) -> str:
     args = [cargo, "build", "--release", "--locked", "--manifest-path", str(SOURCE / "Cargo.toml")]
     logger.info("building the hdfs:// plugin for TensorFlow (cargo, a few minutes once); log: %s", log)
     with open(log, "wb") as f:
-        # its own process group (terminate() stops cargo and its rustc children), SIGTERM if we die
-        proc = popen_dying_with_process(args, signal.SIGTERM, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise PluginBuildError(f"building the hdfs:// plugin took over {timeout:.0f}s; see {log}") from None
-        finally:
-            terminate(proc, 5.0, "cargo")
-    if code != 0:
-        raise PluginBuildError(f"building the hdfs:// plugin failed (cargo exit {code}):\n{tail(str(log), 30)}")
-    built = Path(env["CARGO_TARGET_DIR"]) / "release" / LIBRARY
-    tmp = out.with_suffix(".tmp")
-    shutil.copyfile(built, tmp)
-    os.chmod(tmp, 0o700)
-    os.replace(tmp, out)
-    return str(out)
+        run_step(args, f, timeout, "the hdfs:// plugin", PluginBuildError, env=env)
+    return install(Path(env["CARGO_TARGET_DIR"]) / "release" / LIBRARY, out)
 
 
 def registered() -> str | None:

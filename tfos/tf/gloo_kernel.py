@@ -25,20 +25,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 from tfos.errors import TFOSError
+from tfos.host.builds import build_once, install, run_step
 from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
@@ -103,14 +101,7 @@ def built_path() -> Path:
 def build(timeout: float = BUILD_TIMEOUT) -> str:
     """Compile the op unless built for these sources and versions; returns the library's path."""
     out = built_path()
-    if out.is_file():
-        return str(out)
-    user_cache_dir(out.parent.name)  # created 0700 (and checked) only to build into
-    with open(Path(user_cache_dir()) / "gloo-kernel.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then find it
-        if out.is_file():
-            return str(out)
-        return _build(out, timeout)
+    return build_once(out, "gloo-kernel.lock", lambda: _build(out, timeout))
 
 
 def compile_commands(workdir: Path, out: Path) -> list[list[str]]:
@@ -129,7 +120,8 @@ def compile_commands(workdir: Path, out: Path) -> list[list[str]]:
     if not cxx:
         raise KernelBuildError("a C++ compiler is needed to build the Gloo op: install g++ (or set CXX)")
     torch_libs = list(cpp_extension.library_paths())
-    bridge = [cxx, "-O2", "-fPIC", "-std=c++20", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    bridge = [cxx, "-O2", "-fPIC", "-std=c++20", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
               *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{sysconfig.get_paths()['include']}",
               "-c", str(SOURCE / "bridge.cc"), "-o", str(workdir / "bridge.o")]
     op = [cxx, "-O2", "-fPIC", "-w", *tf.sysconfig.get_compile_flags(), "-c", str(SOURCE / "op.cc"),
@@ -141,8 +133,6 @@ def compile_commands(workdir: Path, out: Path) -> list[list[str]]:
 
 
 def _build(out: Path, timeout: float) -> str:
-    from tfos.host.processes import popen_dying_with_process, tail, terminate
-
     work = Path(user_cache_dir(out.parent.name))
     tmp = out.with_suffix(".tmp")
     log = work / "build.log"
@@ -151,20 +141,8 @@ def _build(out: Path, timeout: float) -> str:
         for args in compile_commands(work, tmp):
             f.write((" ".join(args) + "\n").encode())
             f.flush()
-            # its own process group (terminate() stops the compiler's children too), SIGTERM if we die
-            proc = popen_dying_with_process(args, signal.SIGTERM, stdout=f, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise KernelBuildError(f"building the Gloo op took over {timeout:.0f}s; see {log}") from None
-            finally:
-                terminate(proc, 5.0, "compiler")
-            if code != 0:
-                raise KernelBuildError(f"building the Gloo op failed ({args[0]} exit {code}):\n{tail(str(log), 30)}")
-    os.chmod(tmp, 0o700)
-    os.replace(tmp, out)
-    return str(out)
+            run_step(args, f, timeout, "the Gloo op", KernelBuildError)
+    return install(tmp, out)
 
 
 def load() -> Kernel | None:

@@ -1,0 +1,59 @@
+"""Native parts tfos compiles on a host (TensorFlow's hdfs:// plugin, the Gloo op): built once per
+source and version into this user's cache, one build at a time, each step a child process that
+dies with its caller and is stopped on a timeout. Runs wherever a build is asked for."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from tfos.errors import TFOSError
+from tfos.host.private import user_cache_dir
+
+
+def build_once(out: Path, lock_name: str, build: Callable[[], str]) -> str:
+    """``out``'s path, calling ``build`` first unless it is there. ``out``'s directory (below the
+    user's cache) is created 0700 only to build into; builds wait for each other on ``lock_name``,
+    so that the ones after the first find its result."""
+    if out.is_file():
+        return str(out)
+    user_cache_dir(out.parent.name)
+    with open(Path(user_cache_dir()) / lock_name, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.is_file():
+            return str(out)
+        return build()
+
+
+def run_step(args: list[str], log: BinaryIO, timeout: float, what: str, error: type[TFOSError],
+             env: dict | None = None) -> None:
+    """Run one build command with its output in ``log`` (an open file); ``error`` on a timeout or a
+    failure, with the log's last lines. The command has its own process group (terminated with its
+    children) and gets SIGTERM if the caller dies."""
+    from tfos.host.processes import popen_dying_with_process, tail, terminate
+
+    proc = popen_dying_with_process(args, signal.SIGTERM, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise error(f"building {what} took over {timeout:g}s; see {log.name}") from None
+    finally:
+        terminate(proc, 5.0, os.path.basename(args[0]))
+    if code != 0:
+        raise error(f"building {what} failed ({os.path.basename(args[0])} exit {code}):\n{tail(str(log.name), 30)}")
+
+
+def install(built: Path, out: Path) -> str:
+    """Put ``built`` at ``out`` (0700) in one rename: a reader sees the whole file or none."""
+    tmp = out.with_suffix(".tmp")
+    if built != tmp:
+        shutil.copyfile(built, tmp)
+    os.chmod(tmp, 0o700)
+    os.replace(tmp, out)
+    return str(out)

@@ -115,16 +115,14 @@ class Group:
         from tfos.tf import gloo_kernel
 
         self._kernel = gloo_kernel.load()  # the op for tf.function (None: through tf.py_function)
-        self._handles: dict[int, tuple[object, int]] = {}  # id(pg) -> (pg, its handle in the op's bridge)
+        self._handles: dict = {}  # process group -> its handle in the op's bridge
         logger.info("Gloo group: rank %d of %d on %s (store %s:%s)", rank, size, host, store_host, store_port)
 
     def _handle(self) -> int:
         """``self.pg``'s handle in the op's bridge (registered on first use)."""
-        pg = self.pg
-        entry = self._handles.get(id(pg))
-        if entry is None or entry[0] is not pg:
-            entry = self._handles[id(pg)] = (pg, self._kernel.register(pg))
-        return entry[1]
+        if self.pg not in self._handles:
+            self._handles[self.pg] = self._kernel.register(self.pg)
+        return self._handles[self.pg]
 
     def reduce_flats(self, flats, owned, average: bool, compression):
         """:meth:`all_reduce_many` of the 1-D ``flats`` with ``compression`` (see

@@ -9,6 +9,8 @@ environment tfos's agent gives a TF process (its malloc settings):
   dataset     feed.dataset(B), consumed in the graph (Dataset.reduce counting rows)
   dataset-py  feed.dataset(B), a Python `for` loop over the dataset (what eager custom loops do)
   next_batch  feed.next_batch(B) row lists (TensorFlowOnSpark's API), counting rows
+  tf-floor    no feed: the same batches already in TF memory (from_tensor_slices of a chunk's whole
+              batches, repeated), counted by the same Dataset.reduce: what TF alone costs per batch
 
 Prints rows/s, MB/s, each path's ratio to batches at the same batch size, and the process's
 CPU-s per 1M rows (with --rate, the figure that counts: the rows/s is then the producer's).
@@ -89,8 +91,26 @@ def consume(path: str, feed, batch: int) -> int:
     return n
 
 
+def tf_floor(chunk, batch: int, rows: int) -> tuple[float, float]:
+    """rows/s and CPU-s per 1M rows of TF alone iterating ``rows`` rows of ready batches (no feed, no
+    generator): the chunk's whole batches as tensors, sliced by from_tensor_slices, counted in the
+    graph as the ``dataset`` path counts."""
+    import tensorflow as tf
+
+    k = chunk.num_rows // batch
+    x = tf.constant(chunk.column(0).flatten().to_numpy()[:k * batch * 784].reshape(k, batch, 784))
+    y = tf.constant(chunk.column(1).to_numpy()[:k * batch].reshape(k, batch))
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().take(rows // batch)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    n = int(ds.reduce(tf.constant(0, tf.int64), lambda acc, b: acc + tf.shape(b[1], out_type=tf.int64)[0]))
+    secs, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return n / secs, cpu / n * 1e6
+
+
 def run(path: str, batch: int, rows: int, chunk, profile_dir: str | None, rate: float = 0) -> tuple[float, float]:
     """rows/s, and this process's CPU-s per 1M rows, of one feed read through ``path``."""
+    if path == "tf-floor":
+        return tf_floor(chunk, batch, rows)
     from tfos.feed.node.datafeed import DataFeed
     from tfos.feed.node.hub import FeedHub
 

@@ -10,6 +10,9 @@ For each tensor size (float32, default 16, 64 and 256 MiB) and rank count, in ON
                        hosts with PyTorch) inside tf.function, t made by the step and read by
                        nothing else (as a gradient is): reduced in its own memory (TF forwards it),
                        through tfos's op (scripts/bench.sh builds it; tfos.tf.gloo_kernel)
+  * tfos gloo 4/call   4 such all-reduces, each on the last's result, in one tf.function call, the
+                       time divided by 4: the all-reduce with TF's cost per function call spread
+                       over 4, as in a training step, where it is one op of the step's function
   * tfos gloo grads    the DistributedOptimizer under model.fit: 4 such tensors of size/4 (gradients
                        pre-divided by the workers through its scale_loss), summed, each in its own
                        memory, all issued in one call to Gloo
@@ -42,6 +45,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+PER_CALL = {"tfos gloo 4/call": 4}  # all-reduces per call of these variants (their time is per all-reduce)
 
 
 def parse_size(s: str) -> int:
@@ -173,6 +177,13 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5, threads=()
         def fresh():  # a tensor the step made and nothing else reads, as a gradient
             return keras_dist.allreduce(tf.raw_ops.Empty(shape=[n], dtype=tf.float32), average=False)
 
+        @tf.function
+        def fresh_4():  # 4 in one call, each on the last's result (forwarded: in the same memory)
+            x = tf.raw_ops.Empty(shape=[n], dtype=tf.float32)
+            for _ in range(PER_CALL["tfos gloo 4/call"]):
+                x = keras_dist.allreduce(x, average=False)
+            return x
+
         def four():
             return [tf.raw_ops.Empty(shape=[n // 4], dtype=tf.float32) for _ in range(4)]
 
@@ -204,7 +215,7 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5, threads=()
 
         ref, t = torch.ones(n), tf.ones([n], tf.float32)
         fns = {"torch Gloo (ref)": lambda: pg.allreduce([ref]).wait(), "torch in tf.function": torch_in_tf_function,
-               "tfos gloo": fresh,
+               "tfos gloo": fresh, "tfos gloo 4/call": fresh_4,
                "tfos gloo grads": grads, "tfos gloo grads loop": grads_loop, "tfos gloo kept": lambda: kept(t)}
         fns.update({f"grads, {th} threads": on(p) for th, p in extra.items()})
         return fns
@@ -222,7 +233,7 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5, threads=()
                 t0 = time.perf_counter()
                 for _ in range(n):
                     fn()
-                times[name].append((time.perf_counter() - t0) / n)
+                times[name].append((time.perf_counter() - t0) / n / PER_CALL.get(name, 1))
         for name, ts in times.items():
             out.setdefault(name, {})[size] = sorted(ts)[len(ts) // 2]
     return out
@@ -388,8 +399,8 @@ def print_table(ranks: int, sizes, results) -> None:
     print(f"ratios, {ranks} ranks (>1: faster than the reference)")
     for size in sizes:
         parts = []
-        for name in ("torch in tf.function", "tfos gloo", "tfos gloo grads", "tfos gloo grads loop", "tfos gloo kept",
-                     "tfos gloo fp16", "tfos gloo bf16", *(n for n in names if n.startswith("grads, "))):
+        for name in ("torch in tf.function", "tfos gloo", "tfos gloo 4/call", "tfos gloo grads", "tfos gloo grads loop",
+                     "tfos gloo kept", "tfos gloo fp16", "tfos gloo bf16", *(n for n in names if n.startswith("grads, "))):
             if name in results:
                 if ref:
                     parts.append(f"{name}/torch {ref[size] / results[name][size]:.2f}")

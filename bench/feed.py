@@ -371,8 +371,9 @@ def write_parquet(spark, path, rows, partitions, binary):
     return spark.read.parquet(path)
 
 
-def arrow_count(df) -> tuple[int, float]:
-    """The reference: a Spark job that only counts the DataFrame's Arrow batches."""
+def arrow_count(df) -> tuple[int, float, float]:
+    """The reference: a Spark job that only counts the DataFrame's Arrow batches. Returns the rows,
+    the seconds and the machine's CPU-s."""
     def count(batches):
         import pyarrow as pa
 
@@ -381,9 +382,9 @@ def arrow_count(df) -> tuple[int, float]:
             n += b.num_rows
         yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], ["rows"])
 
-    t0 = time.perf_counter()
+    t0, m0 = time.perf_counter(), machine_cpu()
     n = sum(r[0] for r in df.mapInArrow(count, "rows long").collect())
-    return n, time.perf_counter() - t0
+    return n, time.perf_counter() - t0, machine_cpu() - m0
 
 
 def infer_binary_or_list(model_path):
@@ -415,10 +416,11 @@ def tfos_infer_df_fun(model_path, ctx):
         feed.batch_results(np.argmax(model.predict_on_batch(features), axis=1).astype(np.int64))
 
 
-def counted_feed(sc, data) -> tuple[int, float]:
+def counted_feed(sc, data) -> tuple[int, float, float]:
     """train(data) into a consumer counting batches(1024) on a new cluster, timed on the second of
     two feeds of the same data: the first warms up what the reference's warm-up run warms (the
-    Python workers' imports, the Parquet files in the page cache) and the feed's connections."""
+    Python workers' imports, the Parquet files in the page cache) and the feed's connections.
+    Returns the rows, the seconds and the machine's CPU-s of the timed feed."""
     from tfos import InputMode, TFCluster
 
     plan = [("warm-up", 1024), ("batches", 1024)]
@@ -426,9 +428,9 @@ def counted_feed(sc, data) -> tuple[int, float]:
                             progress=False)
     try:
         cluster.train(data, num_epochs=1)
-        t0 = time.perf_counter()
+        t0, m0 = time.perf_counter(), machine_cpu()
         n = cluster.train(data, num_epochs=1)
-        return n, time.perf_counter() - t0
+        return n, time.perf_counter() - t0, machine_cpu() - m0
     finally:
         cluster.shutdown(timeout=600)
 
@@ -446,16 +448,16 @@ def dataframes(spark, args) -> None:
             df = write_parquet(spark, os.path.join(d, kind.replace("<", "_").replace(">", "")), args.df_rows,
                                args.partitions, binary)
             arrow_count(df)  # warm-up: the Python workers, the Parquet files in the page cache
-            n_a, secs_a = arrow_count(df)
-            a = line(f"{kind}: mapInArrow counting job", n_a, secs_a)
-            n_b, secs_b = counted_feed(sc, df)
-            b = line(f"{kind}: tfos train(df)", n_b, secs_b)
+            n_a, secs_a, cpu_a = arrow_count(df)
+            a = line(f"{kind}: mapInArrow counting job", n_a, secs_a, cpu_a)
+            n_b, secs_b, cpu_b = counted_feed(sc, df)
+            b = line(f"{kind}: tfos train(df)", n_b, secs_b, cpu_b)
             if not binary:
                 rows_rdd = df.rdd.map(lambda r: (np.asarray(r.features, np.float32), r.label))
-                n_p, secs_p = counted_feed(sc, rows_rdd)
-                p = line("tfos train(rdd) of the same Parquet rows", n_p, secs_p)
-                n_r, secs_r = counted_feed(sc, make_rdd(sc, args.df_rows, args.partitions))
-                r = line("tfos train(rdd) of as many generated rows", n_r, secs_r)
+                n_p, secs_p, cpu_p = counted_feed(sc, rows_rdd)
+                p = line("tfos train(rdd) of the same Parquet rows", n_p, secs_p, cpu_p)
+                n_r, secs_r, cpu_r = counted_feed(sc, make_rdd(sc, args.df_rows, args.partitions))
+                r = line("tfos train(rdd) of as many generated rows", n_r, secs_r, cpu_r)
             assert n_a == n_b == args.df_rows, (n_a, n_b)
             print(f"    ratio train(df) / mapInArrow count: {b / a:5.2f}   (target >= 0.8)")
             if not binary:
@@ -509,10 +511,11 @@ def by_batch(sc, args):
     print("  targets: dataset/batches >= 0.9, dataset/TFoS >= 100")
 
 
-def line(name, rows, secs):
+def line(name, rows, secs, machine_cpu_s=None):
     rate = rows / secs
-    print(f"  {name:<44} {rows:>9,d} rows {secs:7.2f} s {rate:>10,.0f} rows/s {rate * ROW_BYTES / 1e6:8.1f} MB/s",
-          flush=True)
+    cpu = f" machine {machine_cpu_s:6.2f} CPU-s ({machine_cpu_s / secs:.2f} cores)" if machine_cpu_s is not None else ""
+    print(f"  {name:<44} {rows:>9,d} rows {secs:7.2f} s {rate:>10,.0f} rows/s {rate * ROW_BYTES / 1e6:8.1f} MB/s"
+          + cpu, flush=True)
     return rate
 
 

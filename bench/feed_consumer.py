@@ -70,6 +70,13 @@ def start_producer(hub, chunk, total_rows: int, feed_id: str, rate: float = 0) -
     return t
 
 
+def count_in_graph(ds) -> int:
+    """The rows of a dataset of (features, labels) batches, counted in the graph (Dataset.reduce)."""
+    import tensorflow as tf
+
+    return int(ds.reduce(tf.constant(0, tf.int64), lambda acc, b: acc + tf.shape(b[1], out_type=tf.int64)[0]))
+
+
 def consume(path: str, feed, batch: int) -> int:
     import tensorflow as tf
 
@@ -79,7 +86,7 @@ def consume(path: str, feed, batch: int) -> int:
             n += len(labels)
     elif path == "dataset":
         ds = feed.dataset(batch)
-        n = int(ds.reduce(tf.constant(0, tf.int64), lambda acc, b: acc + tf.shape(b[1], out_type=tf.int64)[0]))
+        n = count_in_graph(ds)
     elif path == "dataset-py":
         for _x, labels in feed.dataset(batch):
             n += int(labels.shape[0])
@@ -97,12 +104,12 @@ def tf_floor(chunk, batch: int, rows: int) -> tuple[float, float]:
     graph as the ``dataset`` path counts."""
     import tensorflow as tf
 
-    k = chunk.num_rows // batch
-    x = tf.constant(chunk.column(0).flatten().to_numpy()[:k * batch * 784].reshape(k, batch, 784))
+    k, width = chunk.num_rows // batch, chunk.column(0).type.list_size
+    x = tf.constant(chunk.column(0).flatten().to_numpy()[:k * batch * width].reshape(k, batch, width))
     y = tf.constant(chunk.column(1).to_numpy()[:k * batch].reshape(k, batch))
     ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().take(rows // batch)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    n = int(ds.reduce(tf.constant(0, tf.int64), lambda acc, b: acc + tf.shape(b[1], out_type=tf.int64)[0]))
+    n = count_in_graph(ds)
     secs, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return n / secs, cpu / n * 1e6
 

@@ -120,8 +120,9 @@ def run(path: str, batch: int, rows: int, chunk, profile_dir: str | None, rate: 
         return tf_floor(chunk, batch, rows)
     from tfos.feed.node.datafeed import DataFeed
     from tfos.feed.node.hub import FeedHub
+    from tfos.wire.channel import new_key
 
-    hub = FeedHub("bench-secret", queue_chunks=4).start()
+    hub = FeedHub(new_key(), queue_chunks=4).start()
     try:
         feed = DataFeed(hub, train_mode=True)
         producer = start_producer(hub, chunk, rows, f"{path}-{batch}", rate)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tfos import InputMode
-from tfos.wire.channel import new_secret
+from tfos.wire.channel import new_key
 from tfos.wire.clients import DriverClient
 from tfos.errors import AuthenticationError, ConfigError, NodeFailedError, ReservationTimeoutError
 
@@ -169,8 +169,8 @@ def test_tensorflowonspark_style_run_and_control_endpoint_rejects_strangers(sc, 
     try:
         port = cluster.service.port
         with pytest.raises(AuthenticationError):
-            DriverClient(cluster.driver_host, port, new_secret(), cluster.cluster_id, 0).heartbeat()
-        assert DriverClient(cluster.driver_host, port, cluster.config.secret, cluster.cluster_id, 0).heartbeat() is False
+            DriverClient(cluster.driver_host, port, new_key(cluster.config.key.encrypt), cluster.cluster_id, 0).heartbeat()
+        assert DriverClient(cluster.driver_host, port, cluster.config.key, cluster.cluster_id, 0).heartbeat() is False
     finally:
         (tmp_path / "go").write_text("1")
     cluster.shutdown(timeout=60)

@@ -31,27 +31,29 @@ def _rss_mb(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2 ** 20
 
 
-@pytest.fixture
-def server():
-    """The probe server in its own process (its RSS is what we measure), under RLIMIT_NOFILE=200."""
+@pytest.fixture(params=[False, True], ids=["clear", "encrypted"])
+def server(request):
+    """The probe server in its own process (its RSS is what we measure), under RLIMIT_NOFILE=200,
+    with clear or encrypted channels: every probe holds in both modes."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "probe_server.py"), "200"],
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(HERE), "probe_server.py"), "200",
+                             str(int(request.param))],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
-        control, feed, secret = proc.stdout.readline().split()
-        yield proc, int(control), int(feed), secret
+        control, feed, key, encrypt = proc.stdout.readline().split()
+        yield proc, int(control), int(feed), M.ChannelKey(key, encrypt == "1")
     finally:
         proc.stdin.close()
         proc.kill()
         proc.wait(10)
 
 
-def _legit_driver_request(port, secret):
-    return DriverClient("127.0.0.1", port, secret, "probe", 0).heartbeat(timeout=10)
+def _legit_driver_request(port, key):
+    return DriverClient("127.0.0.1", port, key, "probe", 0).heartbeat(timeout=10)
 
 
-def _legit_feed(port, secret, rows=1000):
-    client = FeedClient(0, "127.0.0.1", port, secret, timeout=20)
+def _legit_feed(port, key, rows=1000):
+    client = FeedClient(0, "127.0.0.1", port, key, timeout=20)
     try:
         client.begin("f1", "input", 0, True)
         client.send_batch(arrow.to_ipc(arrow.rows_to_batch([(i, float(i)) for i in range(rows)])))
@@ -61,18 +63,18 @@ def _legit_feed(port, secret, rows=1000):
         client.close()
 
 
-def _authenticated(port, secret):
-    return C.Channel.connect("127.0.0.1", port, secret, timeout=10)
+def _authenticated(port, key):
+    return C.Channel.connect("127.0.0.1", port, key, timeout=10)
 
 
 def test_memory_stays_bounded_under_abuse_and_legit_clients_are_served_after(server):
-    proc, control, feed, secret = server
-    assert _legit_driver_request(control, secret) is False
+    proc, control, feed, key = server
+    assert _legit_driver_request(control, key) is False
     base = _rss_mb(proc.pid)
     # 1. A 2 GiB length prefix, then silence: nothing may be reserved from the prefix.
-    ch = _authenticated(feed, secret)
+    ch = _authenticated(feed, key)
     ch.send(M.FeedBegin("f0", "input", 0, True))
-    ch.sock.sendall(struct.pack(">cI", C.KIND_ARROW, C.MAX_DATA_FRAME) + b"\0" * 1000)
+    ch._sendall(struct.pack(">cI", C.KIND_ARROW, C.MAX_DATA_FRAME) + b"\0" * 1000)
     # 2. A compression bomb: ~0.5 MiB of zstd that would expand to 800 MB.
     big = pa.record_batch([pa.array(np.zeros(100_000_000, np.int64))], names=["x"])
     sink = pa.BufferOutputStream()
@@ -81,7 +83,7 @@ def test_memory_stays_bounded_under_abuse_and_legit_clients_are_served_after(ser
     bomb = sink.getvalue()
     del big
     assert bomb.size < 1 << 20
-    bomb_ch = _authenticated(feed, secret)
+    bomb_ch = _authenticated(feed, key)
     bomb_ch.send(M.FeedBegin("f0", "input", 1, True))
     bomb_ch.send_data(bomb)
     bomb_ch.settimeout(10)
@@ -104,13 +106,13 @@ def test_memory_stays_bounded_under_abuse_and_legit_clients_are_served_after(ser
     bomb_ch.close()
     time.sleep(0.5)
     # The accept loops survived EMFILE and the abuse: legitimate clients are served.
-    assert _legit_driver_request(control, secret) is False
-    assert _legit_feed(feed, secret) == M.FeedAck(1000, False)
+    assert _legit_driver_request(control, key) is False
+    assert _legit_feed(feed, key) == M.FeedAck(1000, False)
     assert _rss_mb(proc.pid) - base < 64
 
 
 def test_handshake_has_one_deadline_against_a_slow_drip(server):
-    proc, control, _feed, _secret = server
+    proc, control, _feed, _key = server
     s = socket.create_connection(("127.0.0.1", control), timeout=20)
     s.recv(64)
     t0 = time.monotonic()
@@ -131,19 +133,19 @@ def test_handshake_has_one_deadline_against_a_slow_drip(server):
     s.close()
 
 
-@pytest.fixture
-def control():
+@pytest.fixture(params=[False, True], ids=["clear", "encrypted"])
+def control(request):
     registry = NodeRegistry("cid", [("chief", 0), ("worker", 0)])
-    secret = C.new_secret()
-    service = ControlService(registry, FeedScheduler(registry, [0, 1]), secret, "127.0.0.1").start()
-    yield registry, secret, service
+    key = C.new_key(request.param)
+    service = ControlService(registry, FeedScheduler(registry, [0, 1]), key, "127.0.0.1").start()
+    yield registry, key, service
     service.stop()
 
 
-def _raw_request(service, secret, payload: bytes):
-    ch = _authenticated(service.port, secret)
+def _raw_request(service, key, payload: bytes):
+    ch = _authenticated(service.port, key)
     try:
-        ch.sock.sendall(struct.pack(">cI", C.KIND_JSON, len(payload)) + payload)
+        ch._sendall(struct.pack(">cI", C.KIND_JSON, len(payload)) + payload)
         ch.settimeout(10)
         return ch.recv()
     finally:
@@ -165,23 +167,23 @@ V = M.PROTOCOL_VERSION  # the version the service speaks: these frames fail on t
     (b'\xff\xfe garbage', "not valid JSON"),
 ])
 def test_malformed_messages_get_an_error_reply_and_change_nothing(control, payload, match):
-    registry, secret, service = control
-    reply = _raw_request(service, secret, payload)
+    registry, key, service = control
+    reply = _raw_request(service, key, payload)
     assert isinstance(reply, M.ErrorReply) and match in reply.message
     assert all(n.info is None and n.last_heartbeat == 0.0 and not n.metrics for n in registry.nodes.values())
-    assert DriverClient("127.0.0.1", service.port, secret, "cid", 0).heartbeat() is False  # still serving
+    assert DriverClient("127.0.0.1", service.port, key, "cid", 0).heartbeat() is False  # still serving
 
 
 def test_random_bytes_as_an_arrow_frame_are_answered_not_a_dead_thread(server):
-    _proc, _control, feed, secret = server
-    ch = _authenticated(feed, secret)
+    _proc, _control, feed, key = server
+    ch = _authenticated(feed, key)
     ch.send(M.FeedBegin("f9", "input", 3, True))
     ch.send_data(os.urandom(4096))
     ch.settimeout(10)
     reply = ch.recv()
     assert isinstance(reply, M.ErrorReply) and "not an Arrow IPC stream" in reply.message
     ch.close()
-    assert _legit_feed(feed, secret) == M.FeedAck(1000, False)
+    assert _legit_feed(feed, key) == M.FeedAck(1000, False)
 
 
 @pytest.mark.parametrize("second,match", [
@@ -189,14 +191,14 @@ def test_random_bytes_as_an_arrow_frame_are_answered_not_a_dead_thread(server):
     ([(1, 2.0, 3) for _ in range(5)], "column '_2' appears"),
 ])
 def test_schema_drift_between_partitions_is_refused_by_the_hub_naming_partition_row_column(server, second, match):
-    _proc, _control, feed, secret = server
-    first = FeedClient(0, "127.0.0.1", feed, secret, timeout=20)
+    _proc, _control, feed, key = server
+    first = FeedClient(0, "127.0.0.1", feed, key, timeout=20)
     first.begin("drift", "input", 0, True)
     first.send_batch(arrow.to_ipc(arrow.rows_to_batch([(i, float(i)) for i in range(10)])))
     first.end_partition(10)
     assert first.next_reply() == M.FeedAck(10, False)
     first.close()
-    other = FeedClient(0, "127.0.0.1", feed, secret, timeout=20)
+    other = FeedClient(0, "127.0.0.1", feed, key, timeout=20)
     other.begin("drift", "input", 7, True)
     other.send_batch(arrow.to_ipc(arrow.rows_to_batch(second)))
     other.end_partition(len(second))
@@ -208,7 +210,7 @@ def test_schema_drift_between_partitions_is_refused_by_the_hub_naming_partition_
 def test_schema_drift_within_a_partition_is_a_feed_error_in_the_task():
     from tfos.feed.executor.producer import _Sender, rows_to_chunks
 
-    cfg = M.FeedConfig("c", C.new_secret(), "127.0.0.1", 1, "f", "input", 5.0, (0,), ((0, "127.0.0.1", 1),), 4)
+    cfg = M.FeedConfig("c", C.new_key(), "127.0.0.1", 1, "f", "input", 5.0, (0,), ((0, "127.0.0.1", 1),), 4)
     sender = _Sender(cfg, 3, train=True)
     chunks = list(rows_to_chunks([(1, [0.0] * 4)] * 4 + [(1, [0.0] * 2)] * 4, 3, 4))
     sender.check(chunks[0])
@@ -223,8 +225,8 @@ def test_non_json_progress_values_are_converted_and_reach_the_driver(control):
 
     from tfos.cluster.node.reporting import Reporter
 
-    registry, secret, service = control
-    reporter = Reporter(DriverClient("127.0.0.1", service.port, secret, "cid", 0), interval=0.05, timeline=True)
+    registry, key, service = control
+    reporter = Reporter(DriverClient("127.0.0.1", service.port, key, "cid", 0), interval=0.05, timeline=True)
     reporter.report({"step": np.int64(3), "loss": np.float32(0.5), "hist": np.arange(3), "odd": object(),
                      "nan": float("nan")})
     reporter.event("step", "step", 1.0, 2.0, {"n": np.int32(7)})

@@ -6,6 +6,7 @@ import pytest
 
 from tfos.errors import ConfigError, FeedError
 from tfos.feed import arrow as A
+from tfos.wire import channel as C
 
 
 def test_tuple_rows_with_vectors_become_fixed_size_lists_and_back():
@@ -177,7 +178,7 @@ def _fed_hub(chunks):
     """A hub whose input queue holds ``chunks`` (record batches) as one train feed, then its end."""
     from tfos.feed.node.hub import Data, End, FeedHub, Origin
 
-    hub = FeedHub("test-secret")
+    hub = FeedHub(C.new_key())
     q, origin = hub.queue("input"), Origin(None, train=True)
     for c in chunks:
         q.q.put(Data(c, origin, "f"))

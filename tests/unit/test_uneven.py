@@ -100,7 +100,7 @@ def test_each_assignment_carries_the_safe_count_after_it():
 
 
 def test_the_hub_keeps_the_highest_safe_count_and_refuses_it_outside_a_gated_feed():
-    secret = C.new_secret()
+    secret = C.new_key()
     hub = FeedHub(secret).start()
     try:
         def feed(uneven, *safes):
@@ -131,13 +131,13 @@ class FeedPath:
     tasks' own code; ``run(partitions, consume)`` feeds once and runs ``consume(rank, feed)`` per rank."""
 
     def __init__(self, n: int, queue_chunks: int = 4):
-        self.secret = C.new_secret()
+        self.key = C.new_key()
         self.n = n
         self.registry = NodeRegistry("c", [("chief", 0)] + [("worker", i) for i in range(n - 1)])
         self.scheduler = FeedScheduler(self.registry, list(range(n)))
-        self.service = ControlService(self.registry, self.scheduler, self.secret, "127.0.0.1").start()
-        self.hubs = [FeedHub(self.secret, queue_chunks, gate_client=lambda i=i: DriverClient(
-            "127.0.0.1", self.service.port, self.secret, "c", i)).start() for i in range(n)]
+        self.service = ControlService(self.registry, self.scheduler, self.key, "127.0.0.1").start()
+        self.hubs = [FeedHub(self.key, queue_chunks, gate_client=lambda i=i: DriverClient(
+            "127.0.0.1", self.service.port, self.key, "c", i)).start() for i in range(n)]
 
     def close(self):
         for h in self.hubs:
@@ -145,7 +145,7 @@ class FeedPath:
         self.service.stop()
 
     def run(self, partitions, consume, uneven="drop", chunk_rows=None, feed_id="f1"):
-        cfg = M.FeedConfig("c", self.secret, "127.0.0.1", self.service.port, feed_id, "input", 30.0,
+        cfg = M.FeedConfig("c", self.key, "127.0.0.1", self.service.port, feed_id, "input", 30.0,
                            tuple(range(self.n)), tuple((i, "127.0.0.1", h.port) for i, h in enumerate(self.hubs)),
                            chunk_rows, uneven)
         results, errors = {}, []
@@ -169,7 +169,7 @@ class FeedPath:
         per_node = self.scheduler.take_rows(feed_id)
         totals = self.scheduler.totals(feed_id)
         for i, h in enumerate(self.hubs):
-            end_feed("127.0.0.1", h.port, self.secret, i, feed_id, "input", per_node.get(i, 0), 30.0, totals=totals,
+            end_feed("127.0.0.1", h.port, self.key, i, feed_id, "input", per_node.get(i, 0), 30.0, totals=totals,
                      uneven=uneven)
         for t in ranks:
             t.join(30)
@@ -279,7 +279,7 @@ def test_a_node_hears_the_safe_count_when_another_node_is_sent_the_chunk_that_ra
     from tfos.feed import arrow
     from tfos.feed.executor.producer import _Sender
 
-    cfg = M.FeedConfig("c", path.secret, "127.0.0.1", path.service.port, "f9", "input", 30.0, (0, 1),
+    cfg = M.FeedConfig("c", path.key, "127.0.0.1", path.service.port, "f9", "input", 30.0, (0, 1),
                        tuple((i, "127.0.0.1", h.port) for i, h in enumerate(path.hubs)), None, "drop")
     sender = _Sender(cfg, 0, train=True)
     chunk = arrow.rows_to_batch([(k, float(k)) for k in range(100)])

@@ -12,6 +12,7 @@ from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.service import ControlService
 from tfos.errors import AuthenticationError, ProtocolError, RequestRefused, TFOSTimeoutError
 from tfos.wire import channel as C
+from tfos.wire import crypto
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
 
@@ -24,7 +25,7 @@ def test_messages_roundtrip_and_are_versioned():
 
 
 def test_nested_configs_roundtrip_typed():
-    cluster = M.ClusterConfig("cid", "ab" * 32, "10.0.0.1", 4000, (("chief", 0), ("worker", 0)), 1, 600.0, "/logs",
+    cluster = M.ClusterConfig("cid", M.ChannelKey("ab" * 32, True), "10.0.0.1", 4000, (("chief", 0), ("worker", 0)), 1, 600.0, "/logs",
                               "file:///", env={"A": "1"})
     node = M.NodeConfig(cluster, 1, "worker", 0, "h1", "/n", "/n/f", "/w", "/py", ("/a",), ("0",), 77)
     back = M.decode(M.encode(node))
@@ -61,38 +62,38 @@ def test_encode_rejects_non_messages():
         M.encode({"type": "Ack"})
 
 
-@pytest.fixture
-def control():
+@pytest.fixture(params=[False, True], ids=["clear", "encrypted"])
+def control(request):
     state = NodeRegistry("cid", [("chief", 0), ("worker", 0)])
-    secret = C.new_secret()
-    server = ControlService(state, FeedScheduler(state, [0, 1]), secret, "127.0.0.1").start()
-    yield state, secret, server
+    key = C.new_key(request.param)
+    server = ControlService(state, FeedScheduler(state, [0, 1]), key, "127.0.0.1").start()
+    yield state, key, server
     server.stop()
 
 
-def _client(server, secret, node=1, cluster="cid"):
-    return DriverClient("127.0.0.1", server.port, secret, cluster, node)
+def _client(server, key, node=1, cluster="cid"):
+    return DriverClient("127.0.0.1", server.port, key, cluster, node)
 
 
 def test_authenticated_request(control):
-    state, secret, server = control
-    assert _client(server, secret).heartbeat() is False
+    state, key, server = control
+    assert _client(server, key).heartbeat() is False
     state.request_stop([1])
-    assert _client(server, secret).heartbeat() is True
+    assert _client(server, key).heartbeat() is True
 
 
 def test_typed_client_session_serves_many_requests(control):
-    state, secret, server = control
-    client = _client(server, secret, node=-1)
+    state, key, server = control
+    client = _client(server, key, node=-1)
     with client.session(timeout=5):
         assert [client.assign_chunk("f", 10) for _ in range(4)] == [[(0, 10)], [(1, 10)], [(0, 10)], [(1, 10)]]
 
 
 def test_driver_refuses_a_partition_whose_columns_drift_from_the_feeds_first(control):
     """Two partitions may feed different nodes, so only the driver sees both schemas."""
-    state, secret, server = control
+    state, key, server = control
     first = (M.Column("a", "number", "int64"), M.Column("b", "number", "double"))
-    client = _client(server, secret, node=-1)
+    client = _client(server, key, node=-1)
     assert client.assign_chunk("f", 10, partition=0, columns=first) == [(0, 10)]
     assert client.assign_chunk("f", 10, partition=1, columns=first[:1] + (M.Column("b", "number", "int64"),)) == [(1, 10)]
     with pytest.raises(RequestRefused, match=r"partition 2, row 0: column 'c' appears"):
@@ -102,36 +103,36 @@ def test_driver_refuses_a_partition_whose_columns_drift_from_the_feeds_first(con
 
 def test_a_second_copy_of_a_node_is_refused_and_fails_the_cluster(control):
     """A barrier stage retried by Spark starts every node again while the first copies may run."""
-    state, secret, server = control
-    assert _client(server, secret, node=1).agent_started("h1", 100, 101, "/log") is False
-    assert _client(server, secret, node=1).agent_started("h1", 100, 101, "/log") is False  # the same agent again
+    state, key, server = control
+    assert _client(server, key, node=1).agent_started("h1", 100, 101, "/log") is False
+    assert _client(server, key, node=1).agent_started("h1", 100, 101, "/log") is False  # the same agent again
     with pytest.raises(RequestRefused, match="node 1 is already running \\(agent 100 on h1\\)"):
-        _client(server, secret, node=1).agent_started("h2", 200, 201, "/log")
+        _client(server, key, node=1).agent_started("h2", 200, 201, "/log")
     assert state.nodes[1].agent.agent_pid == 100
     assert [f.node_index for f in state.failures] == [1] and "spark.task.maxFailures" in state.failures[0].reason
     assert state.nodes[0].stop  # every node is asked to stop
 
 
 def test_unknown_node_index_is_an_error_reply_and_changes_nothing(control):
-    state, secret, server = control
+    state, key, server = control
     with pytest.raises(RequestRefused, match="unknown node index 7"):
-        _client(server, secret, node=7).heartbeat()
+        _client(server, key, node=7).heartbeat()
     assert all(n.last_heartbeat == 0.0 for n in state.nodes.values())
 
 
 def test_wrong_secret_is_rejected(control):
-    state, _secret, server = control
+    state, _key, server = control
     with pytest.raises(AuthenticationError):
-        _client(server, C.new_secret(), node=0).heartbeat()
+        _client(server, C.new_key(_key.encrypt), node=0).heartbeat()
     assert state.nodes[0].last_heartbeat == 0.0  # nothing was processed
 
 
 def test_raw_pickle_without_handshake_is_rejected(control):
     """A client that skips the handshake and sends a pickle gets disconnected unprocessed."""
-    state, _secret, server = control
+    state, _key, server = control
     s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     hello = s.recv(64)
-    assert hello.startswith(C.MAGIC)
+    assert hello.startswith(crypto.MAGIC)
     s.sendall(pickle.dumps(("RegisterNode", {"node_index": 0})) + b"\0" * 64)
     s.settimeout(5)
     try:
@@ -142,31 +143,31 @@ def test_raw_pickle_without_handshake_is_rejected(control):
     assert state.nodes[0].info is None
 
 
-def test_server_must_prove_the_secret_too():
-    """A fake endpoint without the secret cannot impersonate the driver."""
+def test_server_must_prove_the_key_too():
+    """A fake endpoint without the key cannot impersonate the driver."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
 
     def fake():
         c, _ = srv.accept()
-        c.sendall(struct.pack(">4sH16s", C.MAGIC, M.PROTOCOL_VERSION, b"n" * 16))
-        c.recv(48)
+        c.sendall(crypto.hello(crypto.CLEAR, b"n" * 16, bytes(32)))
+        c.recv(crypto.AUTH.size)
         c.sendall(b"x" * 32)
         c.close()
 
     t = threading.Thread(target=fake)
     t.start()
     with pytest.raises(AuthenticationError, match="failed to prove"):
-        C.Channel.connect("127.0.0.1", srv.getsockname()[1], C.new_secret(), timeout=5)
+        C.Channel.connect("127.0.0.1", srv.getsockname()[1], C.new_key(), timeout=5)
     t.join()
     srv.close()
 
 
 def test_oversized_json_frame_is_refused(control):
-    _state, secret, server = control
-    ch = C.Channel.connect("127.0.0.1", server.port, secret, timeout=5)
-    ch.sock.sendall(struct.pack(">cI", C.KIND_JSON, C.MAX_JSON_FRAME + 1))
+    _state, key, server = control
+    ch = C.Channel.connect("127.0.0.1", server.port, key, timeout=5)
+    ch._sendall(struct.pack(">cI", C.KIND_JSON, C.MAX_JSON_FRAME + 1))
     ch.settimeout(5)
     assert isinstance(ch.recv(), M.ErrorReply)  # answered, then closed
     assert ch.sock.recv(16) == b""
@@ -174,9 +175,9 @@ def test_oversized_json_frame_is_refused(control):
 
 
 def test_control_service_accepts_no_data_frames(control):
-    state, secret, server = control
-    ch = C.Channel.connect("127.0.0.1", server.port, secret, timeout=5)
-    ch.sock.sendall(struct.pack(">cI", C.KIND_ARROW, 1024))
+    state, key, server = control
+    ch = C.Channel.connect("127.0.0.1", server.port, key, timeout=5)
+    ch._sendall(struct.pack(">cI", C.KIND_ARROW, 1024))
     ch.settimeout(5)
     reply = ch.recv()
     assert isinstance(reply, M.ErrorReply) and "exceeds this channel's limit" in reply.message
@@ -184,9 +185,9 @@ def test_control_service_accepts_no_data_frames(control):
 
 
 def test_cluster_id_mismatch_is_an_error(control):
-    _state, secret, server = control
+    _state, key, server = control
     with pytest.raises(RequestRefused, match="this is cid"):
-        _client(server, secret, node=0, cluster="other").heartbeat()
+        _client(server, key, node=0, cluster="other").heartbeat()
 
 
 def test_connect_timeout_names_the_setting():
@@ -195,7 +196,7 @@ def test_connect_timeout_names_the_setting():
     port = s.getsockname()[1]
     s.close()
     with pytest.raises(TFOSTimeoutError, match="raise feed_timeout"):
-        C.Channel.connect("127.0.0.1", port, C.new_secret(), timeout=0.5, setting="feed_timeout")
+        C.Channel.connect("127.0.0.1", port, C.new_key(), timeout=0.5, setting="feed_timeout")
 
 
 def test_get_node_failure_answers_with_the_nodes_error_or_nothing():
@@ -241,12 +242,27 @@ def test_registry_names_the_silent_nodes_until_the_monitor_decides():
     assert [f.node_index for f in reg.failures] == [1] and reg.silent(0.2) == []
 
 
-@pytest.mark.parametrize("size", [10, 1 << 20, (8 << 20) + 1, 20_000_001])
-def test_data_frames_arrive_whole_in_64_byte_aligned_buffers(size):
-    """Aligned buffers let TF use the fed columns without a copy; frames beyond the first 8 MiB
-    receive buffer grow it without losing what arrived."""
+def channel_pair(encrypt: bool) -> tuple[C.Channel, C.Channel]:
+    """Two ends of one authenticated connection (a socket pair), in the given mode."""
     a, b = socket.socketpair()
-    with C.Channel(a, "a") as sender, C.Channel(b, "b") as receiver:
+    key = C.new_key(encrypt)
+    client, server = C.Channel(a, "server"), C.Channel(b, "client")
+    t = threading.Thread(target=server.server_handshake, args=(key,))
+    t.start()
+    client.client_handshake(key)
+    t.join(10)
+    a.settimeout(None)
+    b.settimeout(None)
+    return client, server
+
+
+@pytest.mark.parametrize("encrypt", [False, True], ids=["clear", "encrypted"])
+@pytest.mark.parametrize("size", [10, 1 << 20, (8 << 20) + 1, (17 << 20) + 5, 20_000_001])
+def test_data_frames_arrive_whole_in_64_byte_aligned_buffers(size, encrypt):
+    """Aligned buffers let TF use the fed columns without a copy; frames beyond the first 17 MiB
+    receive buffer grow it without losing what arrived."""
+    sender, receiver = channel_pair(encrypt)
+    with sender, receiver:
         data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
         t = threading.Thread(target=sender.send_data, args=(data,))
         t.start()
@@ -255,8 +271,9 @@ def test_data_frames_arrive_whole_in_64_byte_aligned_buffers(size):
     assert kind == C.KIND_ARROW and value.to_pybytes() == data and value.address % 64 == 0
 
 
+@pytest.mark.parametrize("encrypt", [False, True], ids=["clear", "encrypted"])
 @pytest.mark.parametrize("rows", [1, 17, 1300, 1344])
-def test_a_fed_chunk_travels_in_parts_and_its_columns_arrive_64_byte_aligned(rows):
+def test_a_fed_chunk_travels_in_parts_and_its_columns_arrive_64_byte_aligned(rows, encrypt):
     """The sender hands the batch's own buffers to the socket (no IPC copy); the receiver places
     the record batch's body 64-byte aligned, so the first column (and every column, when the row
     count is a multiple of 16, as fed chunks are) reaches TF without a copy."""
@@ -270,8 +287,8 @@ def test_a_fed_chunk_travels_in_parts_and_its_columns_arrive_64_byte_aligned(row
     assert b"".join(memoryview(p).cast("B").tobytes() for p in parts) == arrow.to_ipc(batch).to_pybytes()
     assert any(memoryview(p).nbytes == rows * 784 * 4 and p.address == batch.column(0).values.buffers()[1].address
                for p in parts if not isinstance(p, bytes))  # the features as they lie, not a copy
-    a, b = socket.socketpair()
-    with C.Channel(a, "a") as sender, C.Channel(b, "b") as receiver:
+    sender, receiver = channel_pair(encrypt)
+    with sender, receiver:
         t = threading.Thread(target=sender.send_data, args=(parts,))
         t.start()
         kind, value = receiver.recv_frame()
@@ -287,7 +304,7 @@ def test_a_fed_chunk_travels_in_parts_and_its_columns_arrive_64_byte_aligned(row
 def silent_peer():
     """An authenticated endpoint that takes requests and never answers (a host whose network was cut
     after the connection was made looks like this to the driver)."""
-    secret = C.new_secret()
+    key = C.new_key()
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -296,12 +313,12 @@ def silent_peer():
     def serve():
         c, _ = srv.accept()
         ch = C.Channel(c, "driver")
-        ch.server_handshake(secret)
+        ch.server_handshake(key)
         held.append(ch)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    yield srv.getsockname()[1], secret
+    yield srv.getsockname()[1], key
     t.join(5)
     for ch in held:
         ch.close()
@@ -311,7 +328,7 @@ def silent_peer():
 def test_end_feed_gives_up_when_the_cluster_learns_the_node_died(silent_peer):
     from tfos.wire.clients import end_feed
 
-    port, secret = silent_peer
+    port, key = silent_peer
     calls = []
 
     def node_failed():
@@ -320,16 +337,16 @@ def test_end_feed_gives_up_when_the_cluster_learns_the_node_died(silent_peer):
             raise RuntimeError("node 1 failed")
 
     with pytest.raises(RuntimeError, match="node 1 failed"):
-        end_feed("127.0.0.1", port, secret, 1, "f1", "input", 10, timeout=600, while_waiting=node_failed)
+        end_feed("127.0.0.1", port, key, 1, "f1", "input", 10, timeout=600, while_waiting=node_failed)
     assert len(calls) == 3  # three half-second slices, not the 600 s feed_timeout
 
 
 def test_end_feed_to_a_silent_node_times_out_naming_the_setting(silent_peer):
     from tfos.wire.clients import end_feed
 
-    port, secret = silent_peer
+    port, key = silent_peer
     with pytest.raises(TFOSTimeoutError, match="raise feed_timeout"):
-        end_feed("127.0.0.1", port, secret, 1, "f1", "input", 10, timeout=1.0, while_waiting=lambda: None)
+        end_feed("127.0.0.1", port, key, 1, "f1", "input", 10, timeout=1.0, while_waiting=lambda: None)
 
 
 def test_an_agent_whose_heartbeat_connection_closes_is_lost_after_the_grace_not_the_timeout(control):
@@ -337,16 +354,16 @@ def test_an_agent_whose_heartbeat_connection_closes_is_lost_after_the_grace_not_
     the agent's (process or host gone), judged in seconds rather than at heartbeat_timeout."""
     import time
 
-    state, secret, server = control
+    state, key, server = control
     for node in (0, 1):
-        _client(server, secret, node=node).agent_started("h", 100 + node, 200 + node, "/log")
-    beats = [_client(server, secret, node=node) for node in (0, 1)]
+        _client(server, key, node=node).agent_started("h", 100 + node, 200 + node, "/log")
+    beats = [_client(server, key, node=node) for node in (0, 1)]
     for b in beats:
         b.keep_connection()
         assert [b.heartbeat_reply().stop for _ in range(3)] == [False] * 3  # one connection, kept
     beats[1].close()  # node 1's agent dies
     with pytest.raises(RequestRefused):  # another attempt's heartbeat: refused, and its connection's end is no one's
-        _client(server, secret, node=0, cluster="cid-old").heartbeat()
+        _client(server, key, node=0, cluster="cid-old").heartbeat()
     deadline = time.monotonic() + 5
     while state.nodes[1].disconnected_at is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -363,9 +380,9 @@ def test_an_agent_whose_heartbeat_connection_closes_is_lost_after_the_grace_not_
 def test_an_agent_that_reconnects_within_the_grace_is_not_lost(control):
     import time
 
-    state, secret, server = control
-    _client(server, secret, node=1).agent_started("h", 101, 201, "/log")
-    beat = _client(server, secret, node=1)
+    state, key, server = control
+    _client(server, key, node=1).agent_started("h", 101, 201, "/log")
+    beat = _client(server, key, node=1)
     beat.keep_connection()
     beat.heartbeat_reply()
     beat.close()

@@ -56,7 +56,7 @@ class FakeNode(threading.Thread):
 
     def run(self) -> None:
         c = self.cluster
-        client = DriverClient(c.driver_host, c.driver_port, c.secret, c.cluster_id, self.index)
+        client = DriverClient(c.driver_host, c.driver_port, c.key, c.cluster_id, self.index)
         pid = os.getpid()
         try:
             stop = client.agent_started("127.0.0.1", pid, pid, "")

@@ -1,12 +1,17 @@
-"""The authenticated, framed connection every tfos TCP channel uses.
+"""The authenticated, framed connection every tfos TCP channel uses (protocol v5).
 
-* Handshake (mutual, per connection): the server sends ``HELLO`` = magic ``b"TFOS"``, the
-  protocol version (u16) and a 16-byte nonce. The client answers with its own nonce and
-  ``HMAC-SHA256(secret, b"client" + server_nonce + client_nonce)``; the server checks it and
-  answers ``HMAC-SHA256(secret, b"server" + client_nonce + server_nonce)``, which the client
-  checks. A peer without the per-cluster secret is disconnected before any message is read.
+* Handshake (mutual, per connection; :mod:`tfos.wire.crypto`): the server's HELLO names its mode
+  (clear or encrypted) and carries a nonce and an ephemeral X25519 key; the client answers in the
+  same mode with its own, MAC'd with the per-cluster secret over the transcript; the server proves
+  the secret back. A peer without the secret, or in the other mode, is disconnected before any
+  message is read.
 * Frames: one kind byte, a u32 big-endian length, then the payload. Kind ``J`` carries one
   message of :mod:`tfos.wire.messages` as JSON; kind ``A`` carries one Arrow IPC stream.
+* Encrypted mode: the frame stream travels in AES-256-GCM records with keys of the connection's
+  own (:mod:`tfos.wire.crypto`); a record is checked before any byte of it is parsed. Each
+  direction has its own keys and sequence, so one thread may send while another receives
+  (inference does). Large data frames are sealed straight from their buffers and opened in place
+  in the buffer they are received into (no copy beyond the cipher's own).
 
 Transport errors are turned into tfos errors here, once: a closed or reset connection is
 :class:`~tfos.errors.ChannelClosed`; ``socket.timeout`` passes through for callers that name
@@ -15,7 +20,6 @@ their own timeout setting.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import select
@@ -25,33 +29,33 @@ import time
 from typing import Any
 
 from tfos.errors import AuthenticationError, ChannelClosed, ProtocolError, RequestRefused, TFOSTimeoutError
-from tfos.wire.messages import PROTOCOL_VERSION, ErrorReply, decode, encode
+from tfos.wire import crypto
+from tfos.wire.crypto import new_secret
+from tfos.wire.messages import ChannelKey, ErrorReply, decode, encode
 
-MAGIC = b"TFOS"
-NONCE_BYTES = 16
 MAX_JSON_FRAME = 16 * 1024 * 1024
 MAX_DATA_FRAME = 2 * 1024 * 1024 * 1024 - 1
 KIND_JSON = b"J"
 KIND_ARROW = b"A"
 _HEADER = struct.Struct(">cI")
-_HELLO = struct.Struct(">4sH16s")
 _FIRST_CHUNK = 1 << 20  # receive buffers start at 1 MiB and double as bytes arrive
 _FIRST_DATA_CHUNK = 17 << 20  # data frames: a feed chunk (~16 MiB, feed.executor.producer) and its metadata fit
 _IOV_MAX = 64  # buffers per sendmsg call (Linux allows 1024)
 _ALIGN = 64  # data frame bodies land at this alignment (TF's allocator alignment)
 _IPC_CONTINUATION = 0xFFFFFFFF
+_SMALL = 64 << 10  # encrypted sends: parts below this are joined into one record, larger ones sealed in place
+_STAGE = 4 << 20  # encrypted sends: records are staged up to this many bytes per system call
+_ROOM = crypto.TAG_BYTES  # receive buffers keep this much beyond their end: a record's tag lands there
 
 
-def new_secret() -> str:
-    return os.urandom(32).hex()
-
-
-def _mac(secret: str, label: bytes, a: bytes, b: bytes) -> bytes:
-    return hmac.new(bytes.fromhex(secret), label + a + b, hashlib.sha256).digest()
+def new_key(encrypt: bool = False) -> ChannelKey:
+    """A fresh cluster key: a new secret, in the given mode."""
+    return ChannelKey(new_secret(), bool(encrypt))
 
 
 class Channel:
-    """An authenticated, framed connection. Not thread-safe for concurrent senders.
+    """An authenticated, framed connection. Not thread-safe for concurrent senders (or concurrent
+    receivers); one sender and one receiver may work at once.
 
     ``max_data_frame`` bounds Arrow frames accepted on this channel (0: none, e.g. the control
     service)."""
@@ -60,6 +64,12 @@ class Channel:
         self.sock = sock
         self.peer = peer
         self.max_data_frame = max_data_frame
+        self.encrypted = False
+        self._tx: crypto.Sealer | None = None
+        self._rx: crypto.Opener | None = None
+        self._stage: memoryview | None = None  # encrypted sends: staged records (allocated on first large send)
+        self._pending = memoryview(b"")  # encrypted receives: plaintext of a record not yet consumed
+        self._broken = ""  # why the record stream can no longer be read (an error mid-record)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
@@ -67,11 +77,11 @@ class Channel:
 
     # -- setup
     @classmethod
-    def connect(cls, host: str, port: int, secret: str, timeout: float, what: str = "tfos service",
+    def connect(cls, host: str, port: int, key: ChannelKey, timeout: float, what: str = "tfos service",
                 setting: str = "", retry: bool = True, unreachable_hint: str = "") -> "Channel":
-        """``unreachable_hint`` replaces the ``setting`` hint when no connection could be made."""
-        """Connect and authenticate within ``timeout`` seconds. A refused connection is retried
-        with backoff (the service may be starting) unless ``retry=False``."""
+        """Connect and authenticate within ``timeout`` seconds, in ``key``'s mode. A refused connection
+        is retried with backoff (the service may be starting) unless ``retry=False``.
+        ``unreachable_hint`` replaces the ``setting`` hint when no connection could be made."""
         deadline = time.monotonic() + timeout
         delay = 0.05
         last: Exception | None = None
@@ -95,42 +105,73 @@ class Channel:
         ch = cls(sock, f"{host}:{port}")
         try:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
-            ch._client_handshake(secret)
+            ch.client_handshake(key)
         except BaseException:
             ch.close()
             raise
         return ch
 
-    def _client_handshake(self, secret: str) -> None:
+    def client_handshake(self, key: ChannelKey, ephemeral: "crypto.Ephemeral | None" = None,
+                         nonce: bytes | None = None) -> None:
+        """The client's side of the handshake (module notes); ``ephemeral``/``nonce`` for tests."""
+        secret = crypto.secret_bytes(key.secret)
+        mode = crypto.mode_of(key.encrypt)
         try:
-            magic, version, nonce_s = _HELLO.unpack(self._recv_exact(_HELLO.size))
+            raw_hello = bytes(self._raw_recv_exact(crypto.HELLO.size))
         except ChannelClosed:
             raise AuthenticationError(f"{self.peer} closed the connection during the handshake") from None
-        if magic != MAGIC:
-            raise ProtocolError(f"{self.peer} is not a tfos endpoint")
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(f"{self.peer} speaks tfos protocol v{version}, this side v{PROTOCOL_VERSION}; "
-                                "install the same tfos version everywhere")
-        nonce_c = os.urandom(NONCE_BYTES)
-        self._sendall(nonce_c + _mac(secret, b"client", nonce_s, nonce_c))
+        server = crypto.parse_hello(raw_hello, self.peer)
+        if server.mode != mode:
+            raise crypto.mode_refusal(mode, server.mode, self.peer, "client")
+        mine = ephemeral or (crypto.Ephemeral() if mode == crypto.ENCRYPTED else None)
+        public = mine.public if mine else bytes(crypto.KEY_BYTES)
+        nonce = nonce or os.urandom(crypto.NONCE_BYTES)
+        transcript = raw_hello + struct.pack(">B", mode) + nonce + public
+        mac = crypto.client_mac(secret, transcript)
+        self._raw_sendall(crypto.AUTH.pack(mode, nonce, public, mac))
         try:
-            answer = self._recv_exact(32)
+            answer = bytes(self._raw_recv_exact(crypto.MAC_BYTES))
         except ChannelClosed:
             raise AuthenticationError(f"{self.peer} rejected this connection: wrong cluster secret") from None
-        if not hmac.compare_digest(answer, _mac(secret, b"server", nonce_c, nonce_s)):
+        expected = crypto.server_mac(secret, transcript, mac)
+        if not hmac.compare_digest(answer, expected):
             raise AuthenticationError(f"{self.peer} failed to prove it holds the cluster secret")
+        if mode == crypto.ENCRYPTED:
+            keys = crypto.derive_keys(secret, mine.shared(server.public), transcript, mac, expected)
+            self._start_records(crypto.Sealer(keys.client_key, keys.client_iv),
+                                crypto.Opener(keys.server_key, keys.server_iv))
 
-    def server_handshake(self, secret: str, timeout: float = 10.0) -> None:
-        """Authenticate the client; the whole handshake must finish within ``timeout`` seconds."""
+    def server_handshake(self, key: ChannelKey, timeout: float = 10.0, ephemeral: "crypto.Ephemeral | None" = None,
+                         nonce: bytes | None = None) -> None:
+        """Authenticate the client in ``key``'s mode; the whole handshake must finish within
+        ``timeout`` seconds. ``ephemeral``/``nonce`` for tests."""
         deadline = time.monotonic() + timeout
         self.sock.settimeout(timeout)
-        nonce_s = os.urandom(NONCE_BYTES)
-        self._sendall(_HELLO.pack(MAGIC, PROTOCOL_VERSION, nonce_s))
-        reply = self._recv_exact(NONCE_BYTES + 32, deadline)
-        nonce_c, mac = reply[:NONCE_BYTES], reply[NONCE_BYTES:]
-        if not hmac.compare_digest(mac, _mac(secret, b"client", nonce_s, nonce_c)):
+        secret = crypto.secret_bytes(key.secret)
+        mode = crypto.mode_of(key.encrypt)
+        mine = ephemeral or (crypto.Ephemeral() if mode == crypto.ENCRYPTED else None)
+        raw_hello = crypto.hello(mode, nonce or os.urandom(crypto.NONCE_BYTES),
+                                 mine.public if mine else bytes(crypto.KEY_BYTES))
+        self._raw_sendall(raw_hello)
+        auth = bytes(self._raw_recv_exact(crypto.AUTH.size, deadline))
+        client_mode, _, public, mac = crypto.AUTH.unpack(auth)
+        if client_mode not in crypto.MODE_NAMES:
+            raise ProtocolError(f"connection from {self.peer} sent a malformed handshake")
+        if client_mode != mode:
+            raise crypto.mode_refusal(mode, client_mode, f"connection from {self.peer}", "listener")
+        transcript = raw_hello + auth[:-crypto.MAC_BYTES]
+        if not hmac.compare_digest(mac, crypto.client_mac(secret, transcript)):
             raise AuthenticationError(f"connection from {self.peer} failed authentication")
-        self._sendall(_mac(secret, b"server", nonce_c, nonce_s))
+        answer = crypto.server_mac(secret, transcript, mac)
+        if mode == crypto.ENCRYPTED:  # keys before the answer: a bad key share fails here, not on the first record
+            keys = crypto.derive_keys(secret, mine.shared(public), transcript, mac, answer)
+        self._raw_sendall(answer)
+        if mode == crypto.ENCRYPTED:
+            self._start_records(crypto.Sealer(keys.server_key, keys.server_iv),
+                                crypto.Opener(keys.client_key, keys.client_iv))
+
+    def _start_records(self, tx: "crypto.Sealer", rx: "crypto.Opener") -> None:
+        self._tx, self._rx, self.encrypted = tx, rx, True
 
     # -- frames
     def settimeout(self, timeout: float | None) -> None:
@@ -187,6 +228,8 @@ class Channel:
         return reply
 
     def _await_readable(self, while_waiting, interval: float) -> None:
+        if self._pending.nbytes:
+            return
         timeout = self.sock.gettimeout()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -200,49 +243,74 @@ class Channel:
                 return
             while_waiting()
 
-    # -- transport
-    def _sendall_parts(self, views: list) -> None:
-        """``views`` (byte memoryviews) in order, gathered by ``sendmsg`` into as few system calls
-        as the socket takes."""
-        i = 0
-        while i < len(views):
-            try:
-                sent = self.sock.sendmsg(views[i:i + _IOV_MAX])
-            except socket.timeout:
-                raise
-            except (BrokenPipeError, ConnectionError) as e:
-                raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
-            while sent and i < len(views):  # drop what went; a part that went in part stays, cut
-                n = views[i].nbytes
-                if sent >= n:
-                    sent -= n
-                    i += 1
-                else:
-                    views[i] = views[i][sent:]
-                    sent = 0
-
+    # -- transport: what a frame's bytes become (records when encrypted)
     def _sendall(self, data) -> None:
-        try:
-            self.sock.sendall(data)
-        except socket.timeout:
-            raise
-        except (BrokenPipeError, ConnectionError) as e:
-            raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
+        if self._tx is None:
+            self._raw_sendall(data)
+        else:
+            self._sendall_parts([memoryview(data).cast("B")])
+
+    def _sendall_parts(self, views: list) -> None:
+        """``views`` (byte memoryviews) in order: as they are on a clear channel, as records on an
+        encrypted one (small parts joined into one record, large ones sealed straight from their
+        buffers in records of at most MAX_RECORD bytes)."""
+        if self._tx is None:
+            self._raw_sendmsg(views)
+            return
+        small = sum(v.nbytes for v in views)
+        if small <= _SMALL:  # a message or a small frame: one record, one system call
+            out = memoryview(bytearray(small + crypto.TAG_BYTES + 4))
+            pos = 4
+            for v in views:
+                out[pos:pos + v.nbytes] = v
+                pos += v.nbytes
+            self._tx.seal_into(out[4:pos], out)
+            self._raw_sendall(out)
+            return
+        if self._stage is None:
+            self._stage = memoryview(bytearray(_STAGE + crypto.MAX_RECORD + 2 * (crypto.TAG_BYTES + 4)))
+        stage, used, joined = self._stage, 0, 0  # joined: plaintext of small parts gathered at stage[used + 4:]
+
+        def flush_joined():
+            nonlocal used, joined
+            if joined:
+                used += self._tx.seal_into(stage[used + 4:used + 4 + joined], stage[used:])
+                joined = 0
+
+        for v in views:
+            if v.nbytes < _SMALL and joined + v.nbytes <= crypto.MAX_RECORD:
+                stage[used + 4 + joined:used + 4 + joined + v.nbytes] = v
+                joined += v.nbytes
+                continue
+            flush_joined()
+            for off in range(0, v.nbytes, crypto.MAX_RECORD):
+                if used + crypto.MAX_RECORD + crypto.TAG_BYTES + 4 > stage.nbytes:
+                    self._raw_sendall(stage[:used])
+                    used = 0
+                used += self._tx.seal_into(v[off:off + crypto.MAX_RECORD], stage[used:])
+            if used >= _STAGE:
+                self._raw_sendall(stage[:used])
+                used = 0
+        flush_joined()
+        if used:
+            self._raw_sendall(stage[:used])
 
     def _recv_exact(self, n: int, deadline: float | None = None) -> bytearray:
-        """Exactly ``n`` bytes. Memory grows with the bytes that arrived (at most doubling), never
-        from the length a peer announced: a 2 GiB length prefix alone costs nothing."""
-        buf = bytearray(min(n, _FIRST_CHUNK))
+        """Exactly ``n`` bytes of the frame stream. Memory grows with the bytes that arrived (at most
+        doubling), never from the length a peer announced: a 2 GiB length prefix alone costs nothing."""
+        buf = bytearray(min(n, _FIRST_CHUNK) + _ROOM)
         got = 0
         while got < n:
-            if got == len(buf):
-                buf.extend(bytes(min(len(buf), n - len(buf))))
+            if got + _ROOM == len(buf):
+                buf.extend(bytes(min(len(buf) - _ROOM, n - got)))
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise socket.timeout("handshake deadline passed")
                 self.sock.settimeout(remaining)
-            got += self._recv_some(memoryview(buf)[got:])
+            with memoryview(buf) as view:  # released before the buffer grows
+                got += self._recv_into(view[got:min(n, len(buf) - _ROOM)], view[got:])
+        del buf[n:]
         return buf
 
     def _ipc_head(self, n: int) -> tuple[bytearray, bool]:
@@ -268,34 +336,119 @@ class Channel:
         (Arrow pads buffers to 8 bytes only, and the body follows metadata of any length). The
         buffers come from the system allocator, which the TF process tunes to reuse memory: a
         frame that TF holds while tf.data uses it and frees on its own threads measured slower
-        from Arrow's default pool (bench/README, feed)."""
+        from Arrow's default pool (bench/README, feed). Each buffer keeps a record tag's room
+        beyond the frame, so that encrypted records are opened where they land."""
         import pyarrow as pa
 
         pool = pa.system_memory_pool()  # its allocations are 64-byte aligned too
         head, found = self._ipc_head(n)
         shift = -len(head) % _ALIGN if found else 0  # else the frame itself starts aligned
-        buf = pa.allocate_buffer(shift + min(n, max(_FIRST_DATA_CHUNK, len(head))), memory_pool=pool)
+        buf = pa.allocate_buffer(shift + min(n, max(_FIRST_DATA_CHUNK, len(head))) + _ROOM, memory_pool=pool)
         with memoryview(buf) as view, view.cast("B") as raw:
             raw[shift:shift + len(head)] = head
         got = len(head)
         while got < n:
-            if shift + got == buf.size:
-                bigger = pa.allocate_buffer(shift + min((buf.size - shift) * 2, n), memory_pool=pool)
+            if shift + got + _ROOM == buf.size:
+                bigger = pa.allocate_buffer(shift + min((buf.size - _ROOM - shift) * 2, n) + _ROOM, memory_pool=pool)
                 with memoryview(bigger) as dst, memoryview(buf) as src:
-                    dst[:shift + got] = src
+                    dst[:shift + got] = src[:shift + got]
                 buf = bigger
-            with memoryview(buf) as view:
-                got += self._recv_some(view[shift + got:shift + n])
+            with memoryview(buf) as view, view.cast("B") as raw:
+                end = min(shift + n, buf.size - _ROOM)
+                got += self._recv_into(raw[shift + got:end], raw[shift + got:])
         return buf.slice(shift, n)
 
-    def _recv_some(self, view: memoryview) -> int:
-        """Receive at least one byte into ``view``; ChannelClosed when the peer is gone."""
+    def _recv_into(self, view: memoryview, room: memoryview) -> int:
+        """Receive at least one byte of the frame stream into ``view``; ``room`` is ``view`` and the
+        writable bytes after it (an encrypted record whose plaintext fits in ``view`` is received
+        and opened there, its tag landing in the room). ChannelClosed when the peer is gone."""
+        if self._rx is None:
+            return self._recv_some(view)
+        if self._pending.nbytes:
+            k = min(view.nbytes, self._pending.nbytes)
+            view[:k] = self._pending[:k]
+            self._pending = self._pending[k:]
+            return k
+        if self._broken:
+            raise ProtocolError(self._broken)
+        try:
+            header = bytes(self._raw_recv_exact(4, record=True))
+            length = crypto.record_length(header, self.peer)
+            plain = length - crypto.TAG_BYTES
+            if plain == 0:
+                raise ChannelClosed(f"{self.peer} closed the stream")
+            if plain <= view.nbytes and length <= room.nbytes:  # received and opened where it belongs
+                body = room[:length]
+                self._raw_recv_into(body)
+                return self._rx.open_in_place(header, body, self.peer)
+            body = memoryview(bytearray(length))  # a record that spans what the caller asked for
+            self._raw_recv_into(body)
+            plain = self._rx.open_in_place(header, body, self.peer)
+        except BaseException as e:  # the stream's position inside a record is lost: nothing more can be read
+            self._broken = f"the connection to {self.peer} broke inside a record ({type(e).__name__}: {e})"
+            raise
+        k = min(view.nbytes, plain)
+        view[:k] = body[:k]
+        self._pending = body[k:plain]
+        return k
+
+    # -- raw socket I/O (the handshake, and records)
+    def _raw_sendmsg(self, views: list) -> None:
+        """``views`` (byte memoryviews) in order, gathered by ``sendmsg`` into as few system calls
+        as the socket takes."""
+        i = 0
+        while i < len(views):
+            try:
+                sent = self.sock.sendmsg(views[i:i + _IOV_MAX])
+            except socket.timeout:
+                raise
+            except (BrokenPipeError, ConnectionError) as e:
+                raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
+            while sent and i < len(views):  # drop what went; a part that went in part stays, cut
+                n = views[i].nbytes
+                if sent >= n:
+                    sent -= n
+                    i += 1
+                else:
+                    views[i] = views[i][sent:]
+                    sent = 0
+
+    def _raw_sendall(self, data) -> None:
+        try:
+            self.sock.sendall(data)
+        except socket.timeout:
+            raise
+        except (BrokenPipeError, ConnectionError) as e:
+            raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
+
+    def _raw_recv_exact(self, n: int, deadline: float | None = None, record: bool = False) -> bytearray:
+        """Exactly ``n`` raw bytes (``n`` is one of the protocol's fixed sizes)."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise socket.timeout("handshake deadline passed")
+                self.sock.settimeout(remaining)
+            got += self._recv_some(view[got:], cut=record and got > 0)
+        return buf
+
+    def _raw_recv_into(self, view: memoryview) -> None:
+        got = 0
+        while got < view.nbytes:
+            got += self._recv_some(view[got:], cut=True)
+
+    def _recv_some(self, view: memoryview, cut: bool = False) -> int:
+        """Receive at least one raw byte into ``view``; ChannelClosed when the peer is gone (``cut``:
+        in the middle of an encrypted record, which the message says)."""
         try:
             k = self.sock.recv_into(view, len(view))
         except ConnectionError as e:
             raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
         if k == 0:
-            raise ChannelClosed(f"connection to {self.peer} closed")
+            raise ChannelClosed(f"connection to {self.peer} closed" + (" inside a record (cut short)" if cut else ""))
         return k
 
     def close(self) -> None:

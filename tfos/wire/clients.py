@@ -25,10 +25,10 @@ UNREACHABLE_DRIVER = ("this host cannot reach the driver at that address: set TF
 
 
 class DriverClient:
-    def __init__(self, host: str, port: int, secret: str, cluster_id: str, node_index: int = -1):
+    def __init__(self, host: str, port: int, key: M.ChannelKey, cluster_id: str, node_index: int = -1):
         self.host = host
         self.port = port
-        self.secret = secret
+        self.key = key
         self.cluster_id = cluster_id
         self.node_index = node_index
         self._ch: Channel | None = None
@@ -37,17 +37,17 @@ class DriverClient:
     @classmethod
     def for_node(cls, cfg: M.NodeConfig) -> "DriverClient":
         c = cfg.cluster
-        return cls(c.driver_host, c.driver_port, c.secret, c.cluster_id, cfg.node_index)
+        return cls(c.driver_host, c.driver_port, c.key, c.cluster_id, cfg.node_index)
 
     @classmethod
     def for_feed(cls, cfg: M.FeedConfig) -> "DriverClient":
-        return cls(cfg.driver_host, cfg.driver_port, cfg.secret, cfg.cluster_id)
+        return cls(cfg.driver_host, cfg.driver_port, cfg.key, cfg.cluster_id)
 
     # -- transport
     @contextlib.contextmanager
     def session(self, timeout: float = 60.0):
         """Keep one connection open for the requests made inside the block."""
-        self._ch = Channel.connect(self.host, self.port, self.secret, timeout=timeout, what="tfos driver",
+        self._ch = Channel.connect(self.host, self.port, self.key, timeout=timeout, what="tfos driver",
                                    unreachable_hint=UNREACHABLE_DRIVER)
         self._ch.settimeout(timeout)
         try:
@@ -70,7 +70,7 @@ class DriverClient:
     def _request(self, msg, timeout: float = 10.0, setting: str = ""):
         if self._ch is not None and not self._keep:  # inside session(): its connection, its timeout
             return self._ch.request(msg)
-        ch = self._ch or Channel.connect(self.host, self.port, self.secret, timeout=min(timeout, 30.0),
+        ch = self._ch or Channel.connect(self.host, self.port, self.key, timeout=min(timeout, 30.0),
                                          what="tfos driver", setting=setting, unreachable_hint=UNREACHABLE_DRIVER)
         if self._keep:
             self._ch = ch
@@ -178,11 +178,11 @@ class DriverClient:
 class FeedClient:
     """A feeding task's stream of one partition into one node's feed hub."""
 
-    def __init__(self, node: int, host: str, port: int, secret: str, timeout: float):
+    def __init__(self, node: int, host: str, port: int, key: M.ChannelKey, timeout: float):
         self.node = node
         self.address = f"{host}:{port}"
         self.timeout = timeout
-        self.ch = Channel.connect(host, port, secret, timeout=min(60.0, timeout), what=f"feed of node {node}",
+        self.ch = Channel.connect(host, port, key, timeout=min(60.0, timeout), what=f"feed of node {node}",
                                   setting="feed_timeout", retry=False)
         self.ch.settimeout(timeout)
 
@@ -237,14 +237,14 @@ class FeedClient:
         self.ch.close()
 
 
-def end_feed(host: str, port: int, secret: str, node: int, feed_id: str, qname: str, rows: int,
+def end_feed(host: str, port: int, key: M.ChannelKey, node: int, feed_id: str, qname: str, rows: int,
              timeout: float, setting: str = "feed_timeout", while_waiting=None, totals=(),
              uneven: str = "") -> M.FeedAck:
     """Tell node ``node``'s feed hub that feed ``feed_id`` is complete (``rows`` were sent to it;
     ``totals``: (node, rows) of every node still reading it); returns once the hub queued the end
     marker (which waits for room in a full queue). While waiting, ``while_waiting()`` runs every
     half second and may raise to give up early."""
-    with Channel.connect(host, port, secret, timeout=min(timeout, 30.0), what=f"feed of node {node}",
+    with Channel.connect(host, port, key, timeout=min(timeout, 30.0), what=f"feed of node {node}",
                          setting=setting, retry=False) as ch:
         ch.settimeout(timeout)
         try:

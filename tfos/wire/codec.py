@@ -15,7 +15,7 @@ from typing import Any
 
 from tfos.errors import ProtocolError
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 _MAX_INT = 2 ** 63
 
 _REGISTRY: dict[str, type] = {}

@@ -19,16 +19,16 @@ import time
 
 from tfos.errors import ChannelClosed, ProtocolError, TFOSError
 from tfos.wire.channel import MAX_DATA_FRAME, Channel
-from tfos.wire.messages import ErrorReply
+from tfos.wire.messages import ChannelKey, ErrorReply
 
 logger = logging.getLogger(__name__)
 
 
 class Listener:
-    def __init__(self, secret: str, serve, name: str, bind_host: str = "0.0.0.0", max_connections: int = 4096,
+    def __init__(self, key: ChannelKey, serve, name: str, bind_host: str = "0.0.0.0", max_connections: int = 4096,
                  handshake_timeout: float = 10.0, max_data_frame: int = MAX_DATA_FRAME, backlog: int = 64,
                  idle_timeout: float = 3600.0, port: int = 0):
-        self.secret = secret
+        self.key = key
         self._serve = serve
         self.name = name
         self.handshake_timeout = handshake_timeout
@@ -97,7 +97,7 @@ class Listener:
         ch = Channel(conn, f"{addr[0]}:{addr[1]}", max_data_frame=self.max_data_frame)
         try:
             try:
-                ch.server_handshake(self.secret, self.handshake_timeout)
+                ch.server_handshake(self.key, self.handshake_timeout)
             except (ProtocolError, OSError) as e:
                 self._warn("rejected a connection from %s: %s", ch.peer, e)
                 return

@@ -24,6 +24,18 @@ from tfos.wire.codec import PROTOCOL_VERSION, decode, encode, message  # noqa: F
 # --------------------------------------------------------------------------- configurations
 
 @message
+class ChannelKey:
+    """What a tfos channel is opened with: the per-cluster secret (hex) and whether the channel is
+    encrypted (:mod:`tfos.wire.crypto`). Every process of a cluster uses the cluster's one key."""
+
+    secret: str
+    encrypt: bool = False
+
+    def __repr__(self):  # the secret never reaches a log line or a traceback
+        return f"ChannelKey(encrypt={self.encrypt})"
+
+
+@message
 class NodeInfo:
     """One node of a reserved cluster, as registered by its TF process."""
 
@@ -45,7 +57,7 @@ class ClusterConfig:
     """Cluster-wide settings, made by the driver at start(); every process of a node reads them."""
 
     cluster_id: str
-    secret: str
+    key: ChannelKey
     driver_host: str
     driver_port: int
     roles: tuple[tuple[str, int], ...]
@@ -95,7 +107,7 @@ class FeedConfig:
     """One train()/inference() feed, as the feeding Spark tasks see it."""
 
     cluster_id: str
-    secret: str
+    key: ChannelKey
     driver_host: str
     driver_port: int
     feed_id: str
@@ -326,6 +338,14 @@ class FeedSafe:
     of the feed without asking the driver (equal steps)."""
 
     safe: int
+
+
+@message
+class TunnelOpen:
+    """A node's tunnel -> another node's tunnel, the first frame of a relayed connection: join me to
+    ``port`` in your node's private network (its TF server, a Gloo listener). Raw bytes follow."""
+
+    port: int
 
 
 #: feed_id of the FeedEnd the driver sends at shutdown: no more feeds will come.

@@ -54,7 +54,7 @@ class TFCluster:
         self.registry = NodeRegistry(cluster.cluster_id, roles, max_wait=cluster.reservation_timeout)
         feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
         self.scheduler = FeedScheduler(self.registry, feed_ranks)
-        self.service = listen(self.registry, self.scheduler, cluster.secret, address)
+        self.service = listen(self.registry, self.scheduler, cluster.key, address)
         config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
         self.supervisor = Supervisor(self.spark, roles, backend, config, self.registry, self.scheduler)

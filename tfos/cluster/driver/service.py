@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 class ControlService:
-    def __init__(self, registry: NodeRegistry, scheduler: FeedScheduler, secret: str, bind_host: str = "0.0.0.0",
+    def __init__(self, registry: NodeRegistry, scheduler: FeedScheduler, key: M.ChannelKey, bind_host: str = "0.0.0.0",
                  port: int = 0):
         self.registry = registry
         self.handlers = {
@@ -36,7 +36,7 @@ class ControlService:
             M.FeedTerminated: scheduler.on_terminated,
             M.FeedGate: scheduler.on_gate,
         }
-        self._listener = Listener(secret, self._serve, f"control-{registry.cluster_id}", bind_host,
+        self._listener = Listener(key, self._serve, f"control-{registry.cluster_id}", bind_host,
                                   max_data_frame=0, port=port)
         self.port = self._listener.port
 
@@ -81,13 +81,13 @@ class ControlService:
                 self.registry.on_agent_disconnected(*agent)
 
 
-def listen(registry: NodeRegistry, scheduler: FeedScheduler, secret: str, address) -> "ControlService":
+def listen(registry: NodeRegistry, scheduler: FeedScheduler, key: M.ChannelKey, address) -> "ControlService":
     """The started control service, on the first free port of ``address.ports``."""
     ports = address.ports or (address.port,)
     error: OSError | None = None
     for port in ports:
         try:
-            return ControlService(registry, scheduler, secret, address.bind, port).start()
+            return ControlService(registry, scheduler, key, address.bind, port).start()
         except OSError as e:
             error = e
             if e.errno not in (errno.EADDRINUSE, errno.EACCES):  # the address itself is wrong: stop here

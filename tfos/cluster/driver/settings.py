@@ -52,11 +52,13 @@ def seconds(name: str, value, allow_zero: bool = False) -> float:
 
 def cluster_config(address, roles, reservation_timeout, log_dir, default_fs, num_gpus, env, release_port,
                    preimport_tensorflow, heartbeat_interval, heartbeat_timeout, stop_grace_secs, timeline,
-                   report_interval, metric_history, checkpoint_dir, node_output="chief") -> M.ClusterConfig:
-    """The new cluster's configuration from reserve()'s arguments: a fresh id and secret, durations
-    checked (:func:`seconds`), ``checkpoint_dir`` defaulting to ``<log_dir>/checkpoint``."""
+                   report_interval, metric_history, checkpoint_dir, node_output="chief", *,
+                   encrypt: bool = False) -> M.ClusterConfig:
+    """The new cluster's configuration from reserve()'s arguments: a fresh id and secret (its
+    channels encrypted when ``encrypt``), durations checked (:func:`seconds`), ``checkpoint_dir``
+    defaulting to ``<log_dir>/checkpoint``."""
     return M.ClusterConfig(
-        cluster_id=uuid.uuid4().hex[:12], secret=new_secret(),
+        cluster_id=uuid.uuid4().hex[:12], key=M.ChannelKey(new_secret(), bool(encrypt)),
         driver_host=address.advertise, driver_port=address.port,
         roles=tuple(roles), input_mode=int(InputMode.TENSORFLOW), reservation_timeout=float(reservation_timeout),
         log_dir=log_dir, default_fs=default_fs, num_gpus=num_gpus,

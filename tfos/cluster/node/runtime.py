@@ -70,7 +70,7 @@ def run_node(cfg: M.NodeConfig) -> int:
     if c.input_mode == InputMode.SPARK:
         from tfos.feed.node.hub import FeedHub
 
-        hub = FeedHub(c.secret, c.feed_queue_chunks, on_terminate=driver.feed_terminated,
+        hub = FeedHub(c.key, c.feed_queue_chunks, on_terminate=driver.feed_terminated,
                       gate_client=lambda: DriverClient.for_node(cfg)).start()
     info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host, held.getsockname()[1],
                       hub.port if hub else 0, os.getpid())

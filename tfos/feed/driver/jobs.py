@@ -43,7 +43,7 @@ class FeedJobs:
         nodes = {n.node_index: n for n in self.registry.registered()}
         ranks = tuple(self.scheduler.feed_ranks)
         c = self.cluster
-        return M.FeedConfig(c.cluster_id, c.secret, c.driver_host, c.driver_port, uuid.uuid4().hex[:12], qname,
+        return M.FeedConfig(c.cluster_id, c.key, c.driver_host, c.driver_port, uuid.uuid4().hex[:12], qname,
                             float(feed_timeout), ranks,
                             tuple((i, nodes[i].host, nodes[i].feed_port) for i in ranks), chunk_rows, uneven)
 
@@ -129,7 +129,7 @@ class FeedJobs:
             return
         host, port = cfg.address(node)
         try:
-            end_feed(host, port, cfg.secret, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout,
+            end_feed(host, port, cfg.key, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout,
                      while_waiting=self.check_failed, totals=totals, uneven=cfg.uneven)
         except NodeFailedError:
             raise  # the cluster already knows the first cause
@@ -172,7 +172,7 @@ class FeedJobs:
             if self.registry.snapshot().exited[n.node_index] is not None:
                 continue
             try:
-                end_feed(n.host, n.feed_port, c.secret, n.node_index, M.SHUTDOWN_FEED, "input", 0, timeout)
+                end_feed(n.host, n.feed_port, c.key, n.node_index, M.SHUTDOWN_FEED, "input", 0, timeout)
             except (TFOSError, OSError) as e:  # it may just have finished: its exit report is on the way
                 i = n.node_index
                 if not self.registry.wait_until(lambda snap: snap.exited[i] is not None, 5):

@@ -100,7 +100,7 @@ class _Sender:
         if client is None:
             host, port = self.cfg.address(node)
             try:
-                client = FeedClient(node, host, port, self.cfg.secret, self.cfg.feed_timeout)
+                client = FeedClient(node, host, port, self.cfg.key, self.cfg.feed_timeout)
                 client.begin(self.cfg.feed_id, self.cfg.qname, self.partition, self.train, self.cfg.uneven,
                              len(self.cfg.feed_nodes))
             except (OSError, ProtocolError) as e:

@@ -135,7 +135,7 @@ class FeedHub:
     ``FeedBegin``, Arrow data frames (in a gated train feed, ``FeedSafe`` before some) and
     ``FeedPartitionEnd``; the driver sends ``FeedEnd``."""
 
-    def __init__(self, secret: str, queue_chunks: int = 4, on_terminate=None, gate_client=None):
+    def __init__(self, key: M.ChannelKey, queue_chunks: int = 4, on_terminate=None, gate_client=None):
         self.on_terminate = on_terminate  # called with the queue name when main_fun terminates a feed
         self.gate_client = gate_client  # () -> a DriverClient of this node: equal steps ask the driver (feed_gate)
         self.queue_chunks = max(1, int(queue_chunks))
@@ -149,7 +149,7 @@ class FeedHub:
         self.gate_requests = 0  # the equal-steps watchers' requests to the driver
         self.gate_wait_secs = 0.0  # how long readers waited at the gate for the other ranks' rows
         self.reporter = None  # set by the TF process: feed waits go on the cluster timeline
-        self._listener = Listener(secret, self._serve, "feed-hub")
+        self._listener = Listener(key, self._serve, "feed-hub")
         self.port = self._listener.port
 
     def queue(self, name: str) -> FeedQueue:

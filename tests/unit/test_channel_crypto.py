@@ -221,7 +221,8 @@ class Relay:
         first = True
         while True:
             data = s.recv(1 << 16)
-            if not data:
+            if not data:  # shut down first: a plain close does not end a recv blocked in the other thread
+                c.shutdown(socket.SHUT_RDWR)
                 c.close()
                 return
             if first and self.back is not None and len(data) >= crypto.HELLO.size:

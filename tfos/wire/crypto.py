@@ -1,6 +1,6 @@
 """The handshake and the record layer of tfos channels (protocol v5): pure byte functions, shared
 in meaning with the node tunnel (``tfos/tunnel/rust``), which implements the same bytes; both are
-pinned by the known-answer vectors in ``tfos/wire/vectors.json``.
+pinned by the known-answer vectors in ``tests/vectors/channel-v5.json``.
 
 Handshake (the server speaks first; every length is fixed, so nothing is allocated from a peer's
 word):

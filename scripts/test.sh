@@ -30,6 +30,9 @@ run_pytest() {
 start=$SECONDS  # tfos's Gloo op for tf.function (C++; kept in the cache by source and version)
 python -m tfos.tf.gloo_kernel build
 echo "== Gloo op ready: $((SECONDS - start)) s"
+start=$SECONDS  # tfos's node tunnel (Rust) and network shim (C), which encrypted clusters run (cached by source)
+python -m tfos.tunnel build
+echo "== node tunnel ready: $((SECONDS - start)) s"
 run_pytest "main" python -m pytest --durations=20 "$@"  # the slowest tests: what to trim to stay under 40 min
 if [ "$#" -eq 0 ]; then
   echo "== Spark Connect tests (SparkSession.builder.remote(\"local-cluster[2,1,1024]\"))"

@@ -18,9 +18,9 @@ import pytest
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tfos")
 
 #: The shared layer: messages and channels, roles, errors, host-local state, Arrow framing, the
-#: equal-steps policy, paths.
+#: equal-steps policy, paths, the node tunnel.
 BASE = ("tfos.errors", "tfos.topology", "tfos.wire", "tfos.host", "tfos.feed.arrow", "tfos.feed.uneven",
-        "tfos.data.paths", "tfos.data.fs")
+        "tfos.data.paths", "tfos.data.fs", "tfos.tunnel")
 DATA = BASE + ("tfos.data",)
 TF_PROCESS = DATA + ("tfos.cluster.node", "tfos.feed.node")
 DRIVER = DATA + ("tfos.backends", "tfos.cluster", "tfos.feed")  # the driver builds what the tasks run
@@ -32,6 +32,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "tfos.host": ("tfos.errors", "tfos.host"),
     "tfos.feed.arrow": ("tfos.errors", "tfos.wire"),
     "tfos.feed.uneven": ("tfos.errors",),
+    "tfos.tunnel": ("tfos.errors", "tfos.wire", "tfos.host", "tfos.tunnel"),  # the node tunnel (agent, TF process)
     "tfos.data": DATA,
     "tfos.backends": BASE + ("tfos.backends", "tfos.tf"),  # a backend's node hooks use the TF helpers
     # processes that are not the driver

@@ -46,10 +46,25 @@ class NodeInfo:
     tf_port: int
     feed_port: int
     pid: int
+    tunnel_port: int = 0  # its tunnel's port on ``host`` (0: no tunnel, TF listens on ``host`` itself)
+    tunnel_mode: str = ""  # "netns": TF and Gloo in a private namespace; "loopback": on the host's loopback
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.tf_port}"
+
+
+@message
+class TunnelInfo:
+    """A node's tunnel, as its agent started it (tfos.tunnel): the TF process's private network."""
+
+    port: int  # the tunnel's port on the node's host (other nodes' tunnels connect to it)
+    mode: str  # "netns" or "loopback" (the host gave no private namespace: ``reason``)
+    control: str  # the tunnel's control socket (private directory)
+    block: str  # the cluster's loopback block, e.g. "127.77"
+    address: str  # this node's address in the block
+    tf_port: int  # where TF listens at that address
+    reason: str = ""
 
 
 @message
@@ -100,6 +115,7 @@ class NodeConfig:
     jvm_pid: int | None = None
     gpus: tuple[str, ...] = ()  # chosen by the agent
     watchdog_fd: int = -1  # read end of the agent's watchdog pipe, in the TF process
+    tunnel: TunnelInfo | None = None  # started by the agent when the cluster is encrypted
 
 
 @message
@@ -284,6 +300,65 @@ class Gather:
 class GatherReply:
     values: tuple[int, ...] = ()  # every training rank's value by rank, once all are in (else empty)
     missing: tuple[int, ...] = ()  # the ranks still to give theirs
+
+
+@message
+class StoreSet:
+    """TF process -> driver: one key of a Gloo rendezvous (``tfos.tf.gloo.DriverStore``); ``value``
+    is base64. Keys live in a ``scope``: one group of one attempt."""
+
+    cluster_id: str
+    node_index: int
+    scope: str
+    key: str
+    value: str
+
+
+@message
+class StoreGet:
+    """TF process -> driver: the values of ``keys`` once every one is set (the driver waits up to
+    ``wait`` s, at most 10), else the keys still missing."""
+
+    cluster_id: str
+    node_index: int
+    scope: str
+    keys: tuple[str, ...]
+    wait: float = 5.0
+
+
+@message
+class StoreAdd:  # TF process -> driver: add ``amount`` to an integer key; the reply's ``number`` is its value
+    cluster_id: str
+    node_index: int
+    scope: str
+    key: str
+    amount: int
+
+
+@message
+class StoreCompareSet:  # TF process -> driver: ``desired`` if the key holds ``expected``; the reply holds its value
+    cluster_id: str
+    node_index: int
+    scope: str
+    key: str
+    expected: str
+    desired: str
+
+
+@message
+class StoreDelete:  # TF process -> driver; the reply's ``number``: 1 if the key was there, and the scope's key count
+    cluster_id: str
+    node_index: int
+    scope: str
+    key: str = ""  # "" deletes nothing: the reply only counts the scope's keys
+
+
+@message
+class StoreReply:
+    values: tuple[str, ...] = ()  # base64, in the order asked for (StoreGet once all are set; StoreCompareSet)
+    missing: tuple[str, ...] = ()  # StoreGet: the keys not set yet
+    number: int = 0  # StoreAdd: the new value; StoreDelete: whether it deleted
+    count: int = 0  # StoreDelete: keys left in the scope
 
 
 @message

@@ -1,0 +1,134 @@
+"""Building the tunnel (``rust/``, with cargo) and the shim (``shim.c``, with the C compiler).
+
+``python -m tfos.tunnel build`` builds both once per source into this user's cache
+(``$TFOS_CACHE_DIR``); the node agent calls :func:`require`, which builds them on first use where the
+toolchains are installed and otherwise says how to get them. Only files that this user (or root)
+alone can change are ever executed or preloaded (:func:`tfos.host.private.check_trusted_file`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+from tfos.errors import ConfigError, TFOSError
+from tfos.host.builds import build_once, install, run_step
+from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
+
+logger = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+CRATE = HERE / "rust"
+SHIM_SOURCE = HERE / "shim.c"
+BINARY = "tfos-tunnel"
+SHIM = "libtfos_tunnel_shim.so"
+BUILD_TIMEOUT = 1200.0
+HOW = ("build it on every host with 'python -m tfos.tunnel build' (needs cargo and a C compiler), or reserve the "
+       "cluster with encrypt=False to run without tfos's protection of TensorFlow's and Gloo's traffic")
+
+
+class TunnelBuildError(TFOSError):
+    """The tunnel or the shim could not be built."""
+
+
+class TunnelUnavailable(ConfigError):
+    """Encryption is on but this host has no tunnel build and cannot make one."""
+
+
+@functools.lru_cache(maxsize=1)
+def source_key() -> str:
+    """What a build depends on: every source file, and the machine."""
+    h = hashlib.sha256(platform.machine().encode())
+    files = [SHIM_SOURCE, CRATE / "Cargo.toml", CRATE / "Cargo.lock"] + sorted((CRATE / "src").rglob("*.rs"))
+    for p in files:
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def built_dir() -> Path:
+    return Path(user_cache_root()) / f"tunnel-{source_key()}"
+
+
+def built_paths() -> tuple[str, str]:
+    """The tunnel binary's and the shim's paths (whether or not they exist; nothing is created)."""
+    d = built_dir()
+    return str(d / BINARY), str(d / SHIM)
+
+
+def _cargo() -> str | None:
+    found = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
+    return found if os.path.isfile(found) else None
+
+
+def _cc() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build(timeout: float = BUILD_TIMEOUT) -> tuple[str, str]:
+    """Build whichever of the two is missing; returns their paths."""
+    binary, shim = (Path(p) for p in built_paths())
+    build_once(shim, "tunnel-shim.lock", lambda: _build_shim(shim, timeout))
+    build_once(binary, "tunnel.lock", lambda: _build_tunnel(binary, timeout))
+    return str(binary), str(shim)
+
+
+def _build_shim(out: Path, timeout: float) -> str:
+    cc = _cc()
+    if not cc:
+        raise TunnelBuildError("a C compiler is needed to build tfos's network shim: install gcc (or set CC)")
+    work = Path(user_cache_dir(out.parent.name))
+    tmp = out.with_suffix(".tmp")
+    with open(work / "shim-build.log", "wb") as log:
+        run_step([cc, "-O2", "-fPIC", "-shared", "-Wall", "-o", str(tmp), str(SHIM_SOURCE), "-ldl"], log, timeout,
+                 "tfos's network shim", TunnelBuildError)
+    return install(tmp, out)
+
+
+def _build_tunnel(out: Path, timeout: float) -> str:
+    cargo = _cargo()
+    if not cargo:
+        raise TunnelBuildError("cargo is needed to build tfos's node tunnel: install Rust (rustup)")
+    env = dict(os.environ, CARGO_TARGET_DIR=user_cache_dir("tunnel-target"))
+    log = Path(user_cache_dir(out.parent.name)) / "tunnel-build.log"
+    logger.info("building tfos's node tunnel (cargo, about a minute once); log: %s", log)
+    with open(log, "wb") as f:
+        run_step([cargo, "build", "--release", "--locked", "--manifest-path", str(CRATE / "Cargo.toml")], f, timeout,
+                 "tfos's node tunnel", TunnelBuildError, env=env)
+    return install(Path(env["CARGO_TARGET_DIR"]) / "release" / BINARY, out)
+
+
+def require() -> tuple[str, str]:
+    """The tunnel's and the shim's paths, built now if they are not yet and the toolchains are here;
+    TunnelUnavailable (naming the fix and the opt-out) if they cannot be."""
+    binary, shim = built_paths()
+    if not (os.path.isfile(binary) and os.path.isfile(shim)):
+        if not (_cargo() and _cc()):
+            raise TunnelUnavailable(f"tfos's node tunnel is not built on this host ({binary}): {HOW}")
+        try:
+            build()
+        except TunnelBuildError as e:
+            raise TunnelUnavailable(f"tfos's node tunnel could not be built on this host: {e}; {HOW}") from e
+    for path in (binary, shim):
+        check_trusted_file(path)
+    return binary, shim
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfos.tunnel", description="tfos's node tunnel and network shim")
+    parser.add_argument("command", choices=["build", "path"],
+                        help="build: compile both unless built (prints their paths); path: where they are")
+    args = parser.parse_args(argv)
+    try:
+        paths = build() if args.command == "build" else built_paths()
+    except TFOSError as e:
+        logger.error("%s", e)
+        return 1
+    sys.stdout.write("\n".join(paths) + "\n")
+    return 0

@@ -38,8 +38,9 @@ def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | N
     all-reduces over Gloo; True if it did. Every worker calls it, eagerly, after creating the
     strategy. ``implementation`` and ``communication`` (the strategy's): as in
     ``tfos.keras_dist.init_collectives`` ('auto' = Gloo on CPU-only hosts when PyTorch is installed
-    and the communication is 'auto'). Rank 0 hosts the rendezvous on a free port, which
-    the others learn through one all-reduce of the strategy."""
+    and the communication is 'auto'). In a tfos node the ranks meet through the driver; elsewhere
+    rank 0 hosts the rendezvous on a free port, which the others learn through one all-reduce of
+    the strategy."""
     global _gloo
     import tensorflow as tf
 
@@ -51,13 +52,16 @@ def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | N
     if task.size < 2 or workers._choose_implementation(implementation, communication) != "gloo":
         return False
     timeout = timeout_seconds or workers.GLOO_TIMEOUT_SECONDS
-    store = gloo.store_on_free_port(task.size, timeout) if task.rank == 0 else None
-    mine = tf.constant(store.port if store is not None else 0, tf.int64)
-    port = int(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)), axis=None))
-    leader_job = workers._coordinated_jobs(cluster)[0][0]
-    leader_host, _ = workers._split_address(cluster[leader_job][0])
     host, _ = workers._split_address(cluster[task.type][task.index])
-    _gloo = gloo.Group(task.rank, task.size, (leader_host, port), host, timeout, store=store,
+    store = gloo.node_store("distribute", timeout)  # in a tfos node: through the driver
+    address = None
+    if store is None:  # rank 0's TCPStore on a free port, which the others learn through the strategy
+        store = gloo.store_on_free_port(task.size, timeout) if task.rank == 0 else None
+        mine = tf.constant(store.port if store is not None else 0, tf.int64)
+        port = int(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(mine)), axis=None))
+        leader_job = workers._coordinated_jobs(cluster)[0][0]
+        address = (workers._split_address(cluster[leader_job][0])[0], port)
+    _gloo = gloo.Group(task.rank, task.size, address, host, timeout, store=store,
                        timeout_setting="backend_options={'timeout_seconds': ...}")
     logger.info("allreduce_gradients: Gloo, rank %d of %d", task.rank, task.size)
     return True

@@ -21,8 +21,11 @@ ships a maintained Gloo; this module hands TF tensors to it without copying them
   collective is issued before the first is waited for; a mean is one in-place scaling pass
   after the last.
 
-Gloo's TCP connections, like TF's gRPC and Horovod's, are not authenticated by tfos; its
-rendezvous is a ``torch.distributed.TCPStore`` on rank 0. A peer that dies breaks the TCP
+In a tfos node the group's rendezvous goes through the driver's authenticated channel
+(:func:`node_store`, :mod:`tfos.tf.gloo_store`), and with encryption on its TCP connections live in
+the node's private network, carried between hosts by the node tunnel (:mod:`tfos.tunnel`): the
+address a rank publishes is its node's private address. Outside a tfos node (a plain TF_CONFIG)
+the rendezvous is a ``torch.distributed.TCPStore`` on rank 0. A peer that dies breaks the TCP
 connections at once and every other rank's collective raises :class:`tfos.errors.CollectiveError`;
 a peer that stops answering fails the collective after ``timeout_seconds``.
 """
@@ -77,6 +80,19 @@ def split_count(nbytes: int, max_pieces: int = THREADS, piece_bytes: int = PIECE
     return max(1, min(max_pieces, nbytes // piece_bytes if piece_bytes > 0 else 1))
 
 
+def node_store(scope: str, timeout_seconds: float):
+    """The group's rendezvous store through the driver (:class:`tfos.tf.gloo_store.DriverStore`)
+    when this process runs in a tfos node (``scope`` names the group), else None."""
+    from tfos.cluster.node.control import node_config
+
+    cfg = node_config()
+    if cfg is None:
+        return None
+    from tfos.tf.gloo_store import DriverStore
+
+    return DriverStore(cfg, scope, timeout_seconds)
+
+
 def store_on_free_port(size: int, timeout_seconds: float):
     """Rank 0's rendezvous store on a port the OS picks (its ``.port``), for when no port is known
     in advance; the other ranks learn it some other way and join with :class:`Group`."""
@@ -87,18 +103,18 @@ def store_on_free_port(size: int, timeout_seconds: float):
 
 
 class Group:
-    """A Gloo process group of ``size`` ranks; rank 0 hosts the rendezvous store on
-    ``store_address`` (host, port), or passes the ``store`` it made, and every rank's Gloo
-    connections bind to ``host``."""
+    """A Gloo process group of ``size`` ranks meeting in ``store`` (every rank passes its own: a
+    :func:`node_store`, or rank 0's TCPStore), or else in a TCPStore that rank 0 hosts on
+    ``store_address`` (host, port); every rank's Gloo connections bind to ``host``."""
 
-    def __init__(self, rank: int, size: int, store_address: tuple[str, int], host: str, timeout_seconds: float,
+    def __init__(self, rank: int, size: int, store_address: tuple[str, int] | None, host: str, timeout_seconds: float,
                  store=None, timeout_setting: str = "keras_dist.init_collectives(timeout_seconds=...)"):
         import torch.distributed as dist
 
         self.rank, self.size, self.timeout_seconds = rank, size, float(timeout_seconds)
         self.timeout_setting = timeout_setting  # named in timeout errors
         timeout = datetime.timedelta(seconds=self.timeout_seconds)
-        store_host, store_port = store_address
+        store_host, store_port = store_address or ("", 0)
         try:
             self._store = store or dist.TCPStore(store_host, int(store_port), size, is_master=rank == 0,
                                                  timeout=timeout, wait_for_workers=True)
@@ -109,14 +125,16 @@ class Group:
             self.pg = dist.ProcessGroupGloo(self._store, rank, size, opts)
         except Exception as e:
             raise CollectiveError(
-                f"Gloo rendezvous of rank {rank} of {size} at {store_host}:{store_port} failed within "
+                f"Gloo rendezvous of rank {rank} of {size} "
+                f"{'through the driver' if store is not None else f'at {store_host}:{store_port}'} failed within "
                 f"{self.timeout_seconds:g} s: {e}. If the peers are only slow to start, raise "
                 f"{timeout_setting}") from e
         from tfos.tf import gloo_kernel
 
         self._kernel = gloo_kernel.load()  # the op for tf.function (None: through tf.py_function)
         self._handles: dict = {}  # process group -> its handle in the op's bridge
-        logger.info("Gloo group: rank %d of %d on %s (store %s:%s)", rank, size, host, store_host, store_port)
+        logger.info("Gloo group: rank %d of %d on %s (store %s)", rank, size, host,
+                    f"{store_host}:{store_port}" if store is None else type(store).__name__)
 
     def _handle(self) -> int:
         """``self.pg``'s handle in the op's bridge (registered on first use)."""

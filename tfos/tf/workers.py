@@ -96,8 +96,9 @@ def init_collectives(tf_config=None, method: str = "strategy", communication: st
         implementation: who runs the collectives. ``"auto"`` (default): Gloo on CPU-only hosts
             when PyTorch is installed (``pip install 'tfos[gloo]'``; several times TF's RING
             bandwidth), otherwise TensorFlow's collective ops (GPU hosts: NCCL through TF).
-            ``"tf"`` or ``"gloo"`` force one. With Gloo no TF server is started: rank 0 hosts
-            Gloo's rendezvous on its own TF_CONFIG port, and ``method`` is not used.
+            ``"tf"`` or ``"gloo"`` force one. With Gloo no TF server is started and ``method``
+            is not used; the ranks meet through the driver in a tfos node, else at a TCPStore
+            that rank 0 hosts on its own TF_CONFIG port.
 
     Returns:
         ``(rank, size)``; ``(0, 1)`` when there is no TF_CONFIG or only one training task, in
@@ -151,10 +152,12 @@ def _split_address(address: str) -> tuple[str, int]:
 def _start_gloo(task: _Task, timeout_seconds) -> None:
     from tfos.tf import gloo
 
+    timeout = timeout_seconds or GLOO_TIMEOUT_SECONDS
+    store = gloo.node_store("keras_dist", timeout)  # in a tfos node: through the driver
     leader_job = _coordinated_jobs(task.cluster)[0][0]
-    store = _split_address(task.cluster[leader_job][0])
+    address = None if store is not None else _split_address(task.cluster[leader_job][0])
     host, _ = _split_address(task.cluster[task.type][task.index])
-    _state.gloo = gloo.Group(_state.rank, _state.size, store, host, timeout_seconds or GLOO_TIMEOUT_SECONDS)
+    _state.gloo = gloo.Group(_state.rank, _state.size, address, host, timeout, store=store)
 
 
 def _start_with_strategy(tf_config) -> None:

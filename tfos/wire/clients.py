@@ -133,6 +133,24 @@ class DriverClient:
         for it to reach ``need``); ``complete`` with the live nodes' totals once the feed is."""
         return self._request(M.FeedGate(self.cluster_id, self.node_index, feed_id, need, wait), timeout=wait + 30.0)
 
+    # -- Gloo's rendezvous store (tfos.tf.gloo.DriverStore); values are base64
+    def store_set(self, scope: str, key: str, value: str) -> None:
+        self._request(M.StoreSet(self.cluster_id, self.node_index, scope, key, value))
+
+    def store_get(self, scope: str, keys, wait: float) -> M.StoreReply:
+        return self._request(M.StoreGet(self.cluster_id, self.node_index, scope, tuple(keys), wait),
+                             timeout=wait + 30.0)
+
+    def store_add(self, scope: str, key: str, amount: int) -> int:
+        return self._request(M.StoreAdd(self.cluster_id, self.node_index, scope, key, int(amount))).number
+
+    def store_compare_set(self, scope: str, key: str, expected: str, desired: str) -> str:
+        return self._request(M.StoreCompareSet(self.cluster_id, self.node_index, scope, key, expected,
+                                               desired)).values[0]
+
+    def store_delete(self, scope: str, key: str) -> M.StoreReply:
+        return self._request(M.StoreDelete(self.cluster_id, self.node_index, scope, key))
+
     # -- agent
     def agent_started(self, host: str, agent_pid: int, tf_pid: int, log_path: str) -> bool:
         """Returns True if the driver already asked this node to stop."""

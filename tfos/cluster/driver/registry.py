@@ -8,6 +8,8 @@ consistent, immutable copy), and change state only through its methods.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import logging
 import threading
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tfos import topology
 from tfos.cluster.driver.lifecycle import agent_lost, exit_reason, shows_progress
+from tfos.cluster.driver.rendezvous import RendezvousStore
 from tfos.errors import NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
 from tfos.wire import messages as M
 
@@ -87,6 +90,7 @@ class NodeRegistry:
         self.model_paths: dict[int, str] = {}  # ctx.log_model(path), by node
         self.stack_request = 0  # the latest request for every TF process's stacks (0: none yet)
         self.gathers: dict[str, dict[int, int]] = {}  # all-gather key -> {training rank: value}
+        self.store = RendezvousStore()  # Gloo's rendezvous (tfos.tf.gloo.DriverStore); emptied per attempt
 
     # -- waiting and reading, for every other module
     def wait_until(self, predicate, timeout: float | None, what: str = "", setting: str | None = None,
@@ -214,6 +218,7 @@ class NodeRegistry:
             self.abort_reason = None
             self.backend_config = None
             self.gathers = {}
+            self.store.clear()
             self.cond.notify_all()
         return True
 
@@ -311,6 +316,31 @@ class NodeRegistry:
             if len(values) < size:
                 return M.GatherReply((), tuple(r for r in range(size) if r not in values))
             return M.GatherReply(tuple(values[r] for r in range(size)))
+
+    # Gloo's rendezvous: the store has its own lock (a wait for a key holds no registry lock)
+    def on_store_set(self, msg: M.StoreSet):
+        self.node(msg.node_index)
+        self.store.set(msg.scope, msg.key, _unb64(msg.value))
+        return M.StoreReply()
+
+    def on_store_get(self, msg: M.StoreGet):
+        self.node(msg.node_index)
+        values, missing = self.store.get(msg.scope, msg.keys, msg.wait)
+        return M.StoreReply(missing=tuple(missing)) if values is None else M.StoreReply(tuple(map(_b64, values)))
+
+    def on_store_add(self, msg: M.StoreAdd):
+        self.node(msg.node_index)
+        return M.StoreReply(number=self.store.add(msg.scope, msg.key, msg.amount))
+
+    def on_store_compare_set(self, msg: M.StoreCompareSet):
+        self.node(msg.node_index)
+        return M.StoreReply((_b64(self.store.compare_set(msg.scope, msg.key, _unb64(msg.expected),
+                                                         _unb64(msg.desired))),))
+
+    def on_store_delete(self, msg: M.StoreDelete):
+        self.node(msg.node_index)
+        deleted = bool(msg.key) and self.store.delete(msg.scope, msg.key)
+        return M.StoreReply(number=int(deleted), count=self.store.num_keys(msg.scope))
 
     def on_node_stacks(self, msg: M.NodeStacks):
         with self.cond:
@@ -443,3 +473,14 @@ class NodeRegistry:
 
     def node_dicts(self) -> list[dict]:
         return [dataclasses.asdict(n) for n in self.registered()]
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("a store value is not base64") from None

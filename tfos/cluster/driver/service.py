@@ -35,6 +35,11 @@ class ControlService:
             M.AssignChunk: scheduler.on_assign,
             M.FeedTerminated: scheduler.on_terminated,
             M.FeedGate: scheduler.on_gate,
+            M.StoreSet: registry.on_store_set,
+            M.StoreGet: registry.on_store_get,
+            M.StoreAdd: registry.on_store_add,
+            M.StoreCompareSet: registry.on_store_compare_set,
+            M.StoreDelete: registry.on_store_delete,
         }
         self._listener = Listener(key, self._serve, f"control-{registry.cluster_id}", bind_host,
                                   max_data_frame=0, port=port)

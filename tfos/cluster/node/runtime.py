@@ -21,7 +21,7 @@ import threading
 from tfos.errors import TFOSError, TFOSTimeoutError
 from tfos.data import tfhdfs
 from tfos.host import claims
-from tfos.cluster.node import staging
+from tfos.cluster.node import control, staging
 from tfos.cluster.node.context import NodeContext
 from tfos.cluster.node.reporting import LineTee, Reporter, streams_output
 from tfos.topology import InputMode
@@ -66,6 +66,7 @@ def run_node(cfg: M.NodeConfig) -> int:
     c = cfg.cluster
     driver = DriverClient.for_node(cfg)
     held = claims.reserve_tf_port(os.getpid())
+    control.publish(cfg)  # for the code main_fun runs (Gloo's rendezvous through the driver, run_script)
     hub = None
     if c.input_mode == InputMode.SPARK:
         from tfos.feed.node.hub import FeedHub

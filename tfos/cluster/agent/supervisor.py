@@ -27,6 +27,7 @@ from tfos.cluster.agent import reaper
 from tfos.host.gpus import gpu_environment, pick_gpus
 from tfos.errors import NONRETRYABLE_FILE, TFOSError
 from tfos.host import private, processes
+from tfos.tunnel.agent import NodeTunnel
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
 
@@ -121,6 +122,7 @@ class NodeAgent:
         self.log_path = node_log_path(kept_logs_dir(cfg.cluster.cluster_id) if "LOG_DIRS" not in os.environ else "",
                                       cfg.node_index, os.environ)
         self.error_path = os.path.join(cfg.node_dir, "error.txt")
+        self.tunnel: NodeTunnel | None = None  # with encryption on: TF's and Gloo's private network (tfos.tunnel)
         self._watch_w: int | None = None
         self._dumped = 0  # the last stack request answered
 
@@ -132,8 +134,11 @@ class NodeAgent:
         env.update({k: str(v) for k, v in cfg.cluster.env.items()})
         env.update(gpu_environment(gpus))
         env.update(memory_environment(env))
+        if self.tunnel is not None:  # after the malloc settings, which an LD_PRELOAD of the user's would turn off
+            env.update(self.tunnel.environment(env))
         env["PYTHONUNBUFFERED"] = "1"
-        tf_cfg = dataclasses.replace(cfg, gpus=tuple(gpus), watchdog_fd=watch_r)
+        tf_cfg = dataclasses.replace(cfg, gpus=tuple(gpus), watchdog_fd=watch_r,
+                                     tunnel=self.tunnel.info if self.tunnel is not None else None)
         command = reaper.reaper_command(cfg.python, cfg.cluster.stop_grace_secs, (watch_r,),
                                         tf_process_command(cfg.python))
         with open(self.log_path, "ab") as log:
@@ -148,6 +153,9 @@ class NodeAgent:
         cfg = self.cfg
         try:
             gpus = pick_gpus(cfg.cluster.num_gpus, cfg.spark_gpus)
+            if cfg.cluster.key.encrypt:
+                self.tunnel = NodeTunnel(cfg, tunnel_netns(cfg.cluster.env, os.environ))
+                self.tunnel.start()
             self.start_tf_process(gpus)
             self.driver.agent_started(cfg.host, os.getpid(), self.proc.pid, self.log_path)
         except Exception as e:
@@ -155,6 +163,8 @@ class NodeAgent:
             _say(f"FAILED {type(e).__name__}: {e}")
             if self.proc:
                 self.stop_tf_process()
+            if self.tunnel is not None:
+                self.tunnel.stop()
             return 1
         _say(f"STARTED tf_pid={self.proc.pid} gpus={','.join(gpus) or 'none'}")
         # the TF process's end wakes supervise() at once, not at its next heartbeat: a restart starts sooner
@@ -166,6 +176,8 @@ class NodeAgent:
             why = self.supervise()
         finally:
             code = self.stop_tf_process()
+            if self.tunnel is not None:
+                self.tunnel.stop()
         code = -9 if code is None else code
         peak_rss_mb = processes.children_peak_rss_mb()  # the TF process's: the reaper waited for it
         logger.info("TF process of node %d exited with code %s (%s)", cfg.node_index, code, why or "finished")
@@ -195,6 +207,11 @@ class NodeAgent:
             if self.stop_event.is_set():
                 logger.warning("node agent received a termination signal; stopping the TF process")
                 return "the node agent received a termination signal"
+            ended = self.tunnel.exit_code() if self.tunnel is not None else None
+            if ended is not None:
+                logger.error("the node's tunnel exited with code %s; stopping the TF process", ended)
+                return f"the node's tunnel exited with code {ended} (TF and Gloo lost their network; see " \
+                       f"{os.path.join(self.cfg.node_dir, 'tunnel.log')})"
             jvm = self.cfg.jvm_pid
             if jvm and not processes.alive(jvm):
                 logger.error("executor JVM %d is gone; stopping the TF process", jvm)
@@ -260,6 +277,13 @@ class NodeAgent:
                     logger.warning("could not report the exit to the driver (%d attempts): %s", attempt, e)
                     return
                 time.sleep(1.0)
+
+
+def tunnel_netns(cluster_env, env) -> str:
+    """Pure: whether the tunnel tries a private network namespace ("auto") or uses the host's loopback
+    ("off"): ``TFOS_TUNNEL_NETNS`` in reserve(env=...), else in the executor's environment."""
+    value = cluster_env.get("TFOS_TUNNEL_NETNS", env.get("TFOS_TUNNEL_NETNS", "auto"))
+    return "off" if value.lower() in ("0", "off", "false", "no") else "auto"
 
 
 def tf_process_pid(reaper_pid: int) -> int | None:

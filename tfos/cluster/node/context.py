@@ -27,7 +27,7 @@ class NodeContext:
     """
 
     def __init__(self, cfg: NodeConfig, nodes: tuple[NodeInfo, ...], held_port: socket.socket | None,
-                 hub=None, hooks=None, reporter=None):
+                 hub=None, hooks=None, reporter=None, spec_nodes: tuple[NodeInfo, ...] | None = None):
         self._hooks = hooks
         self._strategy = None
         self._held_port = held_port
@@ -42,8 +42,9 @@ class NodeContext:
         self.num_workers = topology.num_training_nodes(roles)
         self.num_nodes = len(roles)
         self.nodes = [dataclasses.asdict(n) for n in nodes]
-        self.cluster_spec = topology.cluster_spec(nodes)
-        self.tf_config = topology.tf_config(nodes, self.node_index)
+        # TF's view: the nodes at their private addresses when the cluster is encrypted (tfos.tunnel)
+        self.cluster_spec = topology.cluster_spec(spec_nodes or nodes)
+        self.tf_config = topology.tf_config(spec_nodes or nodes, self.node_index)
         self.gpus = list(cfg.gpus)
         self.host = cfg.host
         self.defaultFS = context_default_fs(cfg.cluster.default_fs)

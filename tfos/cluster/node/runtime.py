@@ -1,11 +1,12 @@
 """Start-up of the TF process and the call of ``main_fun`` (runs in the TF process).
 
-Watch the agent (exit when it dies), hold a TF server port, start the feed hub
-(InputMode.SPARK), register with the driver, wait for the whole cluster spec, set TF_CONFIG
-and the backend's environment, then call ``main_fun(args, ctx)`` through the backend's node
-hooks. The process's entry point (``python -m tfos.cluster.node``, ``tfos/cluster/node/__main__.py``) writes a
-raised exception to ``error.txt`` in the node directory (the agent forwards it to the driver)
-and exits non-zero.
+Watch the agent (exit when it dies), hold a TF server port (or, with the node tunnel, check
+that TF and Gloo will live in the node's private network), start the feed hub
+(InputMode.SPARK), register with the driver, wait for the whole cluster spec, hand the tunnel the
+other nodes, set TF_CONFIG (private addresses with the tunnel) and the backend's environment,
+then call ``main_fun(args, ctx)`` through the backend's node hooks. The process's entry point
+(``python -m tfos.cluster.node``, ``tfos/cluster/node/__main__.py``) writes a raised exception to
+``error.txt`` in the node directory (the agent forwards it to the driver) and exits non-zero.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tfos.cluster.node import control, staging
 from tfos.cluster.node.context import NodeContext
 from tfos.cluster.node.reporting import LineTee, Reporter, streams_output
 from tfos.topology import InputMode
+from tfos.tunnel import node as tunnel_node
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
 
@@ -65,7 +67,12 @@ def preimport_tensorflow() -> threading.Thread | None:
 def run_node(cfg: M.NodeConfig) -> int:
     c = cfg.cluster
     driver = DriverClient.for_node(cfg)
-    held = claims.reserve_tf_port(os.getpid())
+    tunnel = cfg.tunnel
+    if tunnel is not None:  # TF and Gloo live in the node's private network: refuse to run if they would not
+        tunnel_node.require_shim()
+        held = None  # TF's port is in the private network, where nothing else listens
+    else:
+        held = claims.reserve_tf_port(os.getpid())
     control.publish(cfg)  # for the code main_fun runs (Gloo's rendezvous through the driver, run_script)
     hub = None
     if c.input_mode == InputMode.SPARK:
@@ -73,8 +80,9 @@ def run_node(cfg: M.NodeConfig) -> int:
 
         hub = FeedHub(c.key, c.feed_queue_chunks, on_terminate=driver.feed_terminated,
                       gate_client=lambda: DriverClient.for_node(cfg)).start()
-    info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host, held.getsockname()[1],
-                      hub.port if hub else 0, os.getpid())
+    info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host,
+                      tunnel.tf_port if tunnel else held.getsockname()[1], hub.port if hub else 0, os.getpid(),
+                      tunnel.port if tunnel else 0, tunnel.mode if tunnel else "")
     driver.register(info)
     importing = preimport_tensorflow() if c.preimport_tensorflow else None
     reply = driver.cluster_spec(c.reservation_timeout)
@@ -86,8 +94,11 @@ def run_node(cfg: M.NodeConfig) -> int:
     if "tensorflow" in sys.modules:  # TF opens hdfs:// itself when tfos's plugin is built (tfos.data.tfhdfs)
         tfhdfs.register()
     main_fun, args, hooks = load_function_file(cfg.fn_path)
+    if tunnel is not None:  # before TF or Gloo may connect to another node
+        tunnel_node.connect_peers(tunnel, reply.nodes, cfg.node_index, cfg.host)
     reporter = Reporter(driver, c.report_interval, c.timeline, c.metric_history)
-    ctx = NodeContext(cfg, reply.nodes, held, hub, hooks, reporter)
+    ctx = NodeContext(cfg, reply.nodes, held, hub, hooks, reporter,
+                      spec_nodes=tunnel_node.spec_nodes(tunnel, reply.nodes))
     if streams_output(c.node_output, ctx.rank):  # main_fun's prints: the node log and the driver's console
         sys.stdout = LineTee(sys.stdout, reporter.output)
         sys.stderr = LineTee(sys.stderr, reporter.output)

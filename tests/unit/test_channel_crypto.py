@@ -307,13 +307,9 @@ def test_a_record_cut_short_ends_the_connection_with_a_protocol_error():
 
 def test_a_stream_cut_at_a_record_boundary_inside_a_frame_is_a_protocol_error():
     """A frame that spans records and loses its last ones is never handed on half."""
-    a, b = socket.socketpair()
-    key = C.new_key(True)
-    client, server = C.Channel(a, "server"), C.Channel(b, "client")
-    t = threading.Thread(target=server.server_handshake, args=(key,))
-    t.start()
-    client.client_handshake(key)
-    t.join(10)
+    from test_wire import channel_pair
+
+    client, server = channel_pair(True)
     frame = struct.pack(">cI", C.KIND_ARROW, 3 << 20) + bytes(2 << 20)  # announces 3 MiB, 2 MiB follow
 
     def send():
@@ -322,7 +318,7 @@ def test_a_stream_cut_at_a_record_boundary_inside_a_frame_is_a_protocol_error():
 
     t = threading.Thread(target=send)
     t.start()
-    b.settimeout(10)
+    server.settimeout(10)
     with pytest.raises(ProtocolError):
         server.recv_frame()
     t.join(10)

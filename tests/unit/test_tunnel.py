@@ -54,22 +54,28 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-def _cfg(key, node_dir, i, cluster="tunnel-test"):
+def _cfg(key, node_dir, i, cluster):
     cluster_cfg = M.ClusterConfig(cluster, key, "127.0.0.1", 1, (("worker", 0), ("worker", 1)), 0, 60.0, "/l", "file:///")
     return M.NodeConfig(cluster_cfg, i, "worker", i, "127.0.0.1", str(node_dir), "/f", "/w", sys.executable)
 
 
+def _start_two(tmp_path, netns: str, cluster: str, started: list):
+    """Two nodes' tunnels of one cluster as the agent starts them (appended to ``started`` as they start)."""
+    key = C.new_key(True)
+    for i in range(2):
+        node_dir = tmp_path / f"n{i}"
+        node_dir.mkdir(mode=0o700)
+        t = NodeTunnel(_cfg(key, node_dir, i, cluster), netns)
+        t.start()
+        started.append(t)
+    return key
+
+
 @pytest.fixture(params=["auto", "off"], ids=["netns", "loopback"])
 def tunnels(request, tmp_path):
-    key = C.new_key(True)
     started = []
     try:
-        for i in range(2):
-            node_dir = tmp_path / f"n{i}"
-            node_dir.mkdir(mode=0o700)
-            t = NodeTunnel(_cfg(key, node_dir, i), request.param)
-            t.start()
-            started.append(t)
+        key = _start_two(tmp_path, request.param, "tunnel-test", started)
         infos = [t.info for t in started]
         nodes = [M.NodeInfo(i, "worker", i, "127.0.0.1", infos[i].tf_port, 0, 1, infos[i].port, infos[i].mode)
                  for i in range(2)]
@@ -147,15 +153,9 @@ def test_the_shim_fails_closed_when_the_tunnel_is_gone(tmp_path):
 def test_in_loopback_mode_another_user_cannot_use_the_tunnel(tmp_path):
     """Without a private namespace the egress listeners are on the host's loopback: a process of
     another user connecting there is dropped before anything reaches the other node."""
-    key = C.new_key(True)
     started = []
     try:
-        for i in range(2):
-            d = tmp_path / f"n{i}"
-            d.mkdir(mode=0o700)
-            t = NodeTunnel(_cfg(key, d, i, cluster="tunnel-user-test"), "off")
-            t.start()
-            started.append(t)
+        _start_two(tmp_path, "off", "tunnel-user-test", started)
         a, b = started
         port = 7125
         tunnel_node.request(a.info.control, "PEERS " + json.dumps([[b.info.address, "127.0.0.1", b.info.port, False]]))

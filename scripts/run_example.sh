@@ -6,4 +6,5 @@ set -euo pipefail
 TFOS_EXTRAS="tf,spark,examples"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
+python -m tfos.tunnel build >/dev/null  # the node tunnel and shim of encrypted clusters (the default; cached)
 exec python examples/digits/digits_tf.py "$@"

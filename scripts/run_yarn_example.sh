@@ -8,6 +8,7 @@ set -euo pipefail
 TFOS_EXTRAS="tf,spark,examples,hdfs"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
+python -m tfos.tunnel build >/dev/null  # the node tunnel and shim of encrypted clusters (the default; cached)
 DIR="${1:-/tmp/tfos-hadoop}"
 hadoop() { python -m tfos.testing.hadoop "$@"; }
 hadoop up --dir "$DIR"

@@ -49,7 +49,8 @@ def test_horovod_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster,
     args = SimpleNamespace(data_dir=str(data), output_dir=str(out), epochs=30, batch_size=32, learning_rate=0.01,
                            train_rows=rows)
     planned = args.epochs * (rows // 64)
-    cluster = tfos_cluster(2, 0, backend="horovod", max_restarts=1, restart_backoff=1, stop_grace_secs=2,
+    cluster = tfos_cluster(2, 0, backend="horovod", allow_unprotected=True, max_restarts=1, restart_backoff=1,
+                           stop_grace_secs=2,
                            report_interval=0.2, checkpoint_dir=str(tmp_path / "ckpt"))
     cluster.start(digits_horovod.main_fun, args, input_mode=InputMode.TENSORFLOW)
     ranks = kill_rank_1_at_half_and_check(cluster, planned, out)  # optimizer iterations restored, not redone
@@ -60,3 +61,12 @@ def test_horovod_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster,
     w0, w1 = np.load(out / "weights-rank0.npz"), np.load(out / "weights-rank1.npz")
     for k in w0.files:
         np.testing.assert_allclose(w0[k], w1[k], atol=1e-6)
+
+
+def test_horovod_is_refused_under_encryption_unless_accepted(spark):
+    """Its collectives would travel in clear: refused with the way through, before any Spark job."""
+    from tfos import TFCluster
+    from tfos.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"Horovod's collectives.*allow_unprotected=True.*encrypt=False"):
+        TFCluster.reserve(spark.sparkContext, 2, 0, backend="horovod")

@@ -49,8 +49,12 @@ def test_two_nodes_get_distinct_roles_consistent_tf_config_and_identical_weights
     assert nodes[0]["pid"] != nodes[1]["pid"]
     spec = nodes[0]["tf_config"]["cluster"]
     assert nodes[1]["tf_config"]["cluster"] == spec
-    assert spec == {"chief": [f"{registered[0]['host']}:{registered[0]['tf_port']}"],
-                    "worker": [f"{registered[1]['host']}:{registered[1]['tf_port']}"]}
+    from tfos.tunnel import addresses as private
+
+    block = private.block_for(cluster.config.cluster_id)  # encrypted (the default): each node at its private address
+    assert spec == {"chief": [f"{private.node_address(block, 0)}:{registered[0]['tf_port']}"],
+                    "worker": [f"{private.node_address(block, 1)}:{registered[1]['tf_port']}"]}
+    assert all(r["tunnel_mode"] == "netns" and r["tunnel_port"] for r in registered)
     for n in nodes:
         assert n["tf_config"]["task"] == {"type": n["job_name"], "index": n["task_index"]}
         # GPU pinning from Spark resource scheduling (fake discovery script: 2 GPUs per executor)

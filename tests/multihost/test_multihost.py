@@ -47,9 +47,13 @@ def test_digits_trains_on_two_hosts_feeding_rdd_and_dataframe_across_hosts(mh_sp
         assert fed == 6 * len(ytr)
         per_node = cluster.feed_rows_total
         assert set(per_node) == {0, 1} and all(v > 0 for v in per_node.values()), per_node  # both hosts fed
+        from tfos.tunnel import addresses as private
+
+        block = private.block_for(cluster.config.cluster_id)  # encrypted (the default): TF names private addresses
+        in_private = sorted(f"{private.node_address(block, n['node_index'])}:{n['tf_port']}" for n in cluster.nodes)
         for m in cluster.metrics().values():  # what each TF process saw in TF_CONFIG
             tf_config = json.loads(m["tf_config"])
-            assert sorted(tf_config["cluster"]["chief"] + tf_config["cluster"]["worker"]) == sorted(addresses)
+            assert sorted(tf_config["cluster"]["chief"] + tf_config["cluster"]["worker"]) == in_private
         test = sc.parallelize(list(zip(xte, yte.tolist())), 4)
         preds = cluster.inference(test).collect()
         assert len(preds) == len(yte)  # every row answered
@@ -97,7 +101,8 @@ def test_gpu_claims_are_per_host(mh_spark, hosts):
     """Each host's fake nvidia-smi reports GPUs 0 and 1; no Spark GPU resources, so the agents claim
     GPUs in their host's registry. A second worker on host 1 puts two nodes on one host."""
     sc = mh_spark.sparkContext
-    cluster = TFCluster.run(sc, gpu_main, None, 3, 0, num_gpus=1, master_node="chief")
+    ring = {"communication": "ring"}  # TF's own collectives on GPUs (NCCL would be refused under encryption)
+    cluster = TFCluster.run(sc, gpu_main, None, 3, 0, num_gpus=1, master_node="chief", backend_options=ring)
     cluster.shutdown(timeout=120)
     by_host = _gpus_by_host(cluster)
     assert len(by_host) == 3 and all(g == ["0"] for g in by_host.values()), by_host  # GPU 0 on every host
@@ -107,7 +112,7 @@ def test_gpu_claims_are_per_host(mh_spark, hosts):
 
     wait_executors(sc, 4)
     try:
-        cluster = TFCluster.run(sc, gpu_main, None, 4, 0, num_gpus=1, master_node="chief")
+        cluster = TFCluster.run(sc, gpu_main, None, 4, 0, num_gpus=1, master_node="chief", backend_options=ring)
         cluster.shutdown(timeout=120)
         by_host = _gpus_by_host(cluster)
         assert sorted(by_host[hosts.hosts[0].address]) == ["0", "1"], by_host  # two nodes on one host: never both 0

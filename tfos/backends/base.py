@@ -91,6 +91,14 @@ class Backend:
         if self.transport == "rdma":
             rdma_environment(rdma_devices(), self.socket_ifname)  # raises on hosts without RDMA
 
+    def unprotected(self, num_gpus: int) -> list[str]:
+        """What this backend sends between hosts that tfos cannot carry in its tunnels (each a short
+        description); with encryption on, reserve() refuses it unless the user accepts it. TF's own
+        gRPC and tfos's Gloo are protected; NCCL and RDMA transports are not."""
+        if self.transport == "rdma":
+            return ["transport='rdma' (NCCL over InfiniBand/RoCE between hosts)"]
+        return []
+
     def setup(self, nodes) -> dict:
         return {}
 

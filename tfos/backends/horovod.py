@@ -128,6 +128,11 @@ class HorovodBackend(Backend):
                               "HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install --no-build-isolation "
                               "horovod==0.28.1)") from None
 
+    def unprotected(self, num_gpus: int) -> list[str]:
+        return super().unprotected(num_gpus) + [
+            "Horovod's collectives between hosts (its own Gloo, MPI or NCCL connections) and its HTTP rendezvous on "
+            "the driver, which accept any client"]
+
     def node_options(self) -> dict:
         return dict(super().node_options(), timeline=self.timeline, fusion_threshold_mb=self.fusion_threshold_mb,
                     cycle_time_ms=self.cycle_time_ms, compression=self.compression)

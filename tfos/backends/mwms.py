@@ -48,6 +48,13 @@ class MWMSBackend(Backend):
             raise ConfigError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
         self.implementation = implementation
 
+    def unprotected(self, num_gpus: int) -> list[str]:
+        found = super().unprotected(num_gpus)
+        if not found and (self.communication == "nccl" or (self.communication == "auto" and num_gpus > 0)):
+            found.append("NCCL's all-reduce between the GPUs of different hosts (MultiWorkerMirroredStrategy with "
+                         "GPUs; communication='ring' keeps TF's own, which tfos protects)")
+        return found
+
     def node_options(self) -> dict:
         return dict(super().node_options(), communication=self.communication, bytes_per_pack=self.bytes_per_pack,
                     timeout_seconds=self.timeout_seconds, implementation=self.implementation)

@@ -18,6 +18,7 @@ import os
 import tempfile
 
 from tfos import topology
+from tfos.cluster.driver import security
 from tfos.cluster.driver import spark as S
 from tfos.cluster.driver.lifecycle import Phase
 from tfos.cluster.driver.progress import quiet_py4j
@@ -97,7 +98,8 @@ class TFCluster:
                 mlflow_run=None, mlflow_experiment: str | None = None, max_restarts: int = 0,
                 restart_backoff: float = 5.0, checkpoint_dir: str | None = None,
                 preimport_tensorflow: bool = True, stall_timeout: float | None = 300,
-                node_output: str | None = "chief") -> "TFCluster":
+                node_output: str | None = "chief", encrypt: bool | None = None,
+                allow_unprotected: bool = False) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         ``sc``: a SparkContext, a SparkSession, or a Spark Connect SparkSession (then the data
@@ -131,6 +133,15 @@ class TFCluster:
         ``node_output``: whose prints show here as they come ('chief': rank 0, 'all', None); every
         node's whole log is kept on its host (the paths are logged at the end).
 
+        ``encrypt`` (default: on): every tfos channel (control, heartbeats, feeds, inference) is
+        encrypted with keys of its own, and TensorFlow's gRPC and Gloo listen only in each node's
+        private network, carried between hosts by an encrypting node tunnel (docs/security.md).
+        ``encrypt=False`` turns all of it off. With encryption on, a backend whose traffic tfos cannot
+        protect (Horovod, NCCL, RDMA) is refused unless ``allow_unprotected=True``, which also silences
+        the warning about hosts that give no private network namespace.
+        ``tensorboard_host`` (default 127.0.0.1): where TensorBoard listens; name an address of the
+        driver to show it to other machines (it has no authentication).
+
         ``preimport_tensorflow``: each TF process imports TensorFlow in a background thread once
         it has registered, while it waits for the other nodes, so main_fun starts with TF loaded.
         TF then reads its import-time environment before main_fun runs: put such settings
@@ -153,6 +164,14 @@ class TFCluster:
 
         backend_obj = make_backend(backend, transport, **(backend_options or {}))
         backend_obj.validate(num_executors, num_ps, master_node)
+        encrypted, note = security.encryption(encrypt, spark.conf())
+        if note:
+            logger.warning("tfos: %s", note)
+        refused, accepted = security.refusal(backend_obj.unprotected(num_gpus), encrypted, bool(allow_unprotected))
+        if refused:
+            raise ConfigError(refused)
+        if accepted:
+            logger.warning("tfos: %s", accepted)
         roles = topology.assign_roles(num_executors, num_ps, master_node, eval_node)
         slots = spark.wait_for_slots(num_executors, reservation_timeout)
         if slots is not None:
@@ -162,10 +181,11 @@ class TFCluster:
         config = cluster_config(address, roles, reservation_timeout, log_dir, spark.default_fs(), num_gpus, env,
                                 release_port, preimport_tensorflow, heartbeat_interval, heartbeat_timeout,
                                 stop_grace_secs, timeline, report_interval, mlflow or mlflow_run is not None,
-                                checkpoint_dir, node_output)
+                                checkpoint_dir, node_output, encrypt=encrypted)
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         cluster = cls(spark, roles, backend_obj, config, default_mode, timeline, progress, address)
         cluster.supervisor.max_restarts = max_restarts
+        cluster.supervisor.allow_unprotected = bool(allow_unprotected)
         cluster.supervisor.restart_backoff = _seconds("restart_backoff", restart_backoff, allow_zero=True)
         cluster.supervisor.stall_timeout = None if stall_timeout is None else _seconds("stall_timeout", stall_timeout)
         if mlflow or mlflow_run is not None:
@@ -179,7 +199,7 @@ class TFCluster:
 
             try:
                 cluster._tensorboard = TensorBoard(log_dir.replace("file://", ""),
-                                                   tensorboard_host or cluster.driver_host, tensorboard_port)
+                                                   tensorboard_host or "127.0.0.1", tensorboard_port)
             except BaseException:
                 cluster.service.stop()
                 raise
@@ -258,6 +278,12 @@ class TFCluster:
 
         self._tracker = attach(self.registry, self.roles, self.cluster_id, run, experiment, params)
         self._mlflow_run_id = self._tracker.run_id
+        import mlflow
+
+        uri = mlflow.get_tracking_uri()
+        if self.config.key.encrypt and security.plain_http_elsewhere(uri):
+            logger.warning("tfos: the MLflow tracking server %s is reached over plain HTTP: the run's parameters, "
+                           "metrics and model travel in clear although the cluster is encrypted; use https://", uri)
 
     @property
     def mlflow_run_id(self) -> str | None:

@@ -18,6 +18,7 @@ import threading
 import time
 
 from tfos import topology
+from tfos.cluster.driver import security
 from tfos.cluster.driver import spark as S
 from tfos.cluster.driver import stall
 from tfos.cluster.driver.lifecycle import (Action, Lifecycle, NodeLoss, Phase, Restart, disconnect_grace,
@@ -70,6 +71,7 @@ class Supervisor:
         self._monitor: threading.Thread | None = None
         self._closing = threading.Event()
         self.stall_timeout: float | None = None  # reserve(stall_timeout=...)
+        self.allow_unprotected = False  # reserve(allow_unprotected=...): no warning for hosts without namespaces
         self._stall: threading.Thread | None = None  # the watchdog's report, once a stall was seen
         registry.tolerate = self._tolerate_loss
         registry.on_complete = self._backend_setup
@@ -97,6 +99,9 @@ class Supervisor:
             raise err
         self.lifecycle.to(Phase.RUNNING)
         logger.info("tfos cluster %s started: %s", self.cluster_id, json.dumps(self.cluster_spec))
+        exposed = security.exposure(self.registry.registered(), self.allow_unprotected)
+        if exposed:
+            logger.warning("tfos cluster %s: %s", self.cluster_id, exposed)
 
     @property
     def cluster_spec(self) -> dict:

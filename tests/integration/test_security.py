@@ -1,0 +1,126 @@
+"""Encryption end to end on the shared local-cluster (real Spark, real TF processes, the node tunnels):
+what a capture of a job's ports holds clear and encrypted, and what a process without the secret
+can reach of an encrypted MWMS cluster."""
+
+import os
+import socket
+
+import pytest
+
+from tfos import InputMode
+
+MARK = "tfos-marker-7Q2x"  # 16 bytes
+ROWS = 2000
+
+
+def count_marked(args, ctx):
+    feed = ctx.get_data_feed(train_mode=True)
+    seen = rows = 0
+    for text, _label in feed.batches(100):
+        rows += len(text)
+        seen += sum(str(t).count(args) for t in text)
+    ctx.report(rows=rows, seen=seen)
+
+
+def _ports(cluster) -> set[int]:
+    ports = {cluster.service.port}
+    for n in cluster.nodes:
+        ports |= {n["feed_port"], n["tunnel_port"]} - {0}
+    return ports
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a packet capture needs root")
+def test_the_marked_feed_is_readable_on_the_wire_clear_and_absent_encrypted(tfos_cluster, sc):
+    """8,000 marker copies are fed in 2,000 rows: a capture of the job's ports holds them all in clear,
+    none encrypted, while the nodes read every copy intact."""
+    from capture import Capture
+
+    rdd = sc.parallelize(range(ROWS), 4).map(lambda i: (MARK * 4, i))  # made in the feeding tasks' Python
+    found = {}
+    for encrypt in (False, True):
+        cluster = tfos_cluster(2, 0, input_mode=InputMode.SPARK, encrypt=encrypt, report_interval=0.1)
+        cluster.start(count_marked, MARK)
+        cap = Capture("lo")
+        try:
+            cluster.train(rdd, num_epochs=1)
+            cluster.shutdown(timeout=120)
+        finally:
+            cap.stop()
+        metrics = cluster.metrics().values()
+        assert sum(m["rows"] for m in metrics) == ROWS and sum(m["seen"] for m in metrics) == 4 * ROWS
+        found[encrypt] = cap.payload(_ports(cluster)).count(MARK.encode())
+    print(f"marker copies on the wire: clear {found[False]}, encrypted {found[True]}")
+    assert found[False] >= 4 * ROWS and found[True] == 0, found
+
+
+def tf_server_main(done_file, ctx):
+    """An MWMS cluster that stays up, after one all-reduce, until ``done_file`` appears."""
+    import time
+
+    import tensorflow as tf
+
+    strategy = ctx.strategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    ctx.report(total=float(total), up=1)
+    while not os.path.exists(done_file):
+        time.sleep(0.2)
+
+
+def _listening_ports(pids) -> set[int]:
+    import psutil
+
+    ports = set()
+    for c in psutil.net_connections("tcp"):
+        if c.status == psutil.CONN_LISTEN and c.pid in pids:
+            ports.add(c.laddr.port)
+    return ports
+
+
+def _job_pids(cluster) -> set[int]:
+    import psutil
+
+    pids = set()
+    for n in cluster.nodes:
+        try:
+            p = psutil.Process(n["pid"])
+        except psutil.NoSuchProcess:
+            continue
+        agent = p.parent().parent() if p.parent() else None  # TF process <- reaper <- agent
+        for proc in ([agent] if agent else []) + [p]:
+            pids |= {proc.pid} | {c.pid for c in proc.children(recursive=True)}
+    return pids
+
+
+def test_an_outsider_on_this_host_reaches_no_tf_server_of_an_encrypted_cluster(tfos_cluster, tmp_path):
+    """The nodes' TF servers listen only in their private namespaces: the cluster spec's addresses
+    refuse connections, and every port the job's processes listen on here (the tunnels, the driver)
+    answers a stranger's bytes with tfos's handshake and nothing more. (Remote eager clients against
+    every port, from another host and as another user: tests/multihost/test_outsiders.py.)"""
+    from tfos.testing import wait_for
+
+    done = tmp_path / "done"
+    cluster = tfos_cluster(2, 0, encrypt=True, report_interval=0.2)
+    cluster.start(tf_server_main, str(done))
+    assert wait_for(lambda: all(m.get("up") for m in cluster.metrics().values()) and len(cluster.metrics()) == 2, 180)
+    assert all(m["total"] == 2.0 for m in cluster.metrics().values())  # the cluster works through its tunnels
+    assert all(n["tunnel_mode"] == "netns" for n in cluster.nodes)
+    spec_addresses = [a for addrs in cluster.cluster_spec.values() for a in addrs]
+    for address in spec_addresses:  # nothing listens at the TF address on the host
+        host, port = address.rsplit(":", 1)
+        with pytest.raises(OSError):
+            socket.create_connection((host, int(port)), timeout=5).close()
+    ports = _listening_ports(_job_pids(cluster))
+    assert {n["tunnel_port"] for n in cluster.nodes} <= ports and {n["tf_port"] for n in cluster.nodes}.isdisjoint(ports)
+    ports.add(cluster.service.port)
+    for port in ports:  # every listener speaks tfos's handshake first and reveals nothing else
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.settimeout(5)
+            hello = s.recv(64)
+            assert hello[:4] == b"TFOS" and hello[6] == 1, (port, hello)  # mode 1: encrypted
+            s.sendall(os.urandom(81))
+            try:
+                assert s.recv(64) == b"", port  # a stranger's answer closes the connection
+            except ConnectionResetError:
+                pass
+    done.touch()
+    cluster.shutdown(timeout=60)

@@ -1,0 +1,118 @@
+"""Outsiders against tfos jobs across hosts: from another host (the root namespace, on the bridge)
+and from a node's own host as another user, a TensorFlow remote eager client against every TF server
+and every port the job listens on, a torch store client where Gloo's rendezvous used to be, raw
+bytes to every listener. A clear cluster is the control: there the same probe runs an operation
+inside the job's TF process. Encrypted (the default), nothing gets in, and the job works."""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from outsider import remote_eager, store_client
+from tfos import InputMode, TFCluster
+from tfos.testing import wait_for
+
+
+def serve_until_done(done_file, ctx):
+    """MWMS (TF's collectives and a Gloo group beside them): one all-reduce of each, then stay up until
+    ``done_file`` appears (every host sees the same file system)."""
+    import tensorflow as tf
+
+    from tfos import distribute
+
+    strategy = ctx.strategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    grads = strategy.run(lambda: distribute.allreduce_gradients([tf.fill([1000], float(ctx.rank + 1))]))
+    ctx.report(total=float(total), gloo=float(strategy.experimental_local_results(grads)[0][0][0]),
+               gloo_on=distribute._gloo is not None)
+    while not os.path.exists(done_file):
+        time.sleep(0.2)
+
+
+def ps_serve_until_done(done_file, ctx):
+    """The chief of a PS cluster (the ps and worker nodes run tf.distribute.Server)."""
+    ctx.report(up=1)
+    while not os.path.exists(done_file):
+        time.sleep(0.2)
+
+
+def _listening(host) -> set[int]:
+    """The ports listening in ``host``'s namespace, but the Spark JVMs' (the job's processes: tunnels,
+    TF processes, agents)."""
+    out = subprocess.run(host.exec_args("ss", "-Htlnp"), capture_output=True, text=True, timeout=30).stdout
+    return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines()
+            if line.strip() and '"java"' not in line}
+
+
+def _job_of(cluster, address):
+    return next(job for job, addrs in cluster.cluster_spec.items() if address in addrs)
+
+
+def test_a_remote_eager_client_runs_code_in_a_clear_cluster_but_nothing_gets_into_an_encrypted_one(
+        mh_sc, hosts, tmp_path):
+    done = tmp_path / "done"
+    clear = TFCluster.run(mh_sc, serve_until_done, str(done), 2, 0, master_node="chief", encrypt=False,
+                          report_interval=0.2)
+    try:
+        assert wait_for(lambda: len(clear.metrics()) == 2 and all("total" in m for m in clear.metrics().values()), 240)
+        address = clear.cluster_spec["worker"][0]
+        control = remote_eager(address, "worker")  # the control: what tfos used to allow anyone
+        assert control["ran"] and "tfos.cluster.node" in control["answer"], control
+    finally:
+        done.touch()
+        clear.shutdown(timeout=120)
+
+    done.unlink()
+    cluster = TFCluster.run(mh_sc, serve_until_done, str(done), 2, 0, master_node="chief", report_interval=0.2)
+    try:
+        assert wait_for(lambda: len(cluster.metrics()) == 2 and all("total" in m for m in cluster.metrics().values()),
+                        240)
+        metrics = cluster.metrics().values()
+        assert all(m["total"] == 2.0 and m["gloo_on"] and m["gloo"] == 3.0 for m in metrics), list(metrics)
+        assert all(n["tunnel_mode"] == "netns" for n in cluster.nodes)
+        node_hosts = [hosts.by_address(n["host"]) for n in cluster.nodes]
+        spec = [a for addrs in cluster.cluster_spec.values() for a in addrs]
+        ports = {h.address: _listening(h) for h in node_hosts}
+        assert all(str(n["tf_port"]) not in map(str, ports[n["host"]]) for n in cluster.nodes), ports
+        results = []
+        # from another host: every TF address, every port the job listens on, as TF's remote eager client
+        for address in spec:
+            results.append(remote_eager(address, _job_of(cluster, address)))
+        for h, listening in ports.items():
+            for port in sorted(listening):
+                results.append(remote_eager(f"{h}:{port}", "worker"))
+        # from a node's own host, as another user: its loopback, the TF address and every listener there
+        h = node_hosts[0]
+        for target in [f"127.0.0.1:{p}" for p in sorted(ports[h.address])] + [a for a in spec if a.startswith(h.address)]:
+            results.append(remote_eager(target, "worker", namespace=h.netns, other_user=True))
+        # Gloo's old rendezvous: a store client at the leader's TF address, from another host and as another user
+        leader_host, leader_port = cluster.cluster_spec["chief"][0].rsplit(":", 1)
+        results.append(store_client(leader_host, int(leader_port)))
+        results.append(store_client("127.0.0.1", int(leader_port), namespace=hosts.by_address(leader_host).netns,
+                                    other_user=True))
+        assert results and not any(r["ran"] for r in results), [r for r in results if r["ran"]]
+        # still working after the probes: every rank answers
+        assert all(m["gloo"] == 3.0 for m in cluster.metrics().values())
+    finally:
+        done.touch()
+        cluster.shutdown(timeout=120)
+
+
+def test_no_outsider_reaches_the_servers_of_an_encrypted_parameter_server_cluster(mh_sc, hosts, tmp_path):
+    done = tmp_path / "done"
+    cluster = TFCluster.reserve(mh_sc, 3, num_ps=1, backend="ps", input_mode=InputMode.TENSORFLOW,
+                                report_interval=0.2)
+    try:
+        cluster.start(ps_serve_until_done, str(done))
+        assert wait_for(lambda: cluster.metrics().get(1, {}).get("up"), 120)
+        spec = cluster.cluster_spec
+        assert set(spec) == {"ps", "chief", "worker"} and all(n["tunnel_mode"] == "netns" for n in cluster.nodes)
+        results = [remote_eager(a, job) for job, addrs in spec.items() for a in addrs]
+        for n in cluster.nodes:  # each node's tunnel, from another host
+            results.append(remote_eager(f"{n['host']}:{n['tunnel_port']}", "ps"))
+        assert not any(r["ran"] for r in results), [r for r in results if r["ran"]]
+    finally:
+        done.touch()
+        cluster.shutdown(timeout=120)

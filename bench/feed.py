@@ -21,7 +21,9 @@ Prints rows/s, MB/s and the ratios b/c and b/a, and the peak RSS of the TF proce
   limit       train() into dataset(256) and batches(256) against (a), alternating on one cluster
   chunk-size  train() into dataset(B) and batches(B) with chunks of each --chunk-mb size (train's
               chunk_rows), alternating on one cluster
-Run:  bash scripts/bench.sh feed [--only all|batch|inference|dataframe|gate|limit|chunk-size] [--rows N] ...
+  encryption  a clear (encrypt=False) and an encrypted cluster side by side: train() into
+              dataset(256) and inference(), alternating, --rounds rounds
+Run:  bash scripts/bench.sh feed [--only all|batch|inference|dataframe|gate|limit|chunk-size|encryption] [--rows N] ...
 """
 
 from __future__ import annotations
@@ -243,6 +245,63 @@ def limit_ratio(sc, args) -> None:
               + ("   (target >= 0.8)" if k == "dataset" else ""))
 
 
+def encryption(sc, args) -> None:
+    """What encryption costs the feed and inference, in one run: a clear cluster (encrypt=False) and
+    an encrypted one (the default) up side by side on the same executors (InputMode.SPARK frees the
+    slots once the nodes started), fed alternately: train() into dataset(256), then inference(),
+    ``--rounds`` rounds each (which cluster goes first alternates); per-round ratios and medians."""
+    from tfos import InputMode, TFCluster
+    from tfos.testing import wait_for
+
+    rounds = args.rounds
+    plan = [("dataset", 256)] * (rounds + 1)  # the first feed warms up
+    clusters = {}
+    try:
+        for name in ("clear", "encrypted"):
+            clusters[name] = TFCluster.run(sc, tfos_path_counter, plan, 2, 0, input_mode=InputMode.SPARK,
+                                           master_node="chief", progress=False, report_interval=0.1,
+                                           encrypt=name == "encrypted")
+        rdd = make_rdd(sc, args.rows, args.partitions)
+        rates: dict = {}
+        for i in range(rounds + 1):
+            for name in (("clear", "encrypted") if i % 2 else ("encrypted", "clear")):
+                cluster = clusters[name]
+                t0, m0 = time.perf_counter(), machine_cpu()
+                n = cluster.train(rdd, num_epochs=1)
+                rate, machine = n / (time.perf_counter() - t0), machine_cpu() - m0
+                assert wait_for(lambda: sum(m.get(f"rows_{i}", 0) for m in cluster.metrics().values()) == args.rows, 30)
+                if i:
+                    rates.setdefault(name, []).append((rate, machine))
+    finally:
+        for cluster in clusters.values():
+            cluster.shutdown(timeout=600)
+    print(f"  train() into dataset(256), {args.rows:,d} rows per feed, {rounds} rounds alternating; rows/s (machine "
+          "CPU-s per 1M rows):")
+    for name, runs in rates.items():
+        print(f"  {name:<10} " + " ".join(f"{r:>9,.0f} ({c * 1e6 / args.rows:4.2f})" for r, c in runs)
+              + f"   median {sorted(r for r, _ in runs)[len(runs) // 2]:>9,.0f}")
+    ratios = [e / c for (e, _), (c, _) in zip(rates["encrypted"], rates["clear"])]
+    print("  encrypted / clear per round " + " ".join(f"{x:.2f}" for x in ratios)
+          + f", median {sorted(ratios)[len(ratios) // 2]:.2f}   (target >= 0.8; >= 0.9 makes encryption the default)")
+    with tempfile.TemporaryDirectory() as d:
+        model_path = os.path.join(d, "model.keras")
+        save_model(model_path)
+        rdd = make_rdd(sc, args.infer_rows, args.partitions).cache()
+        rdd.count()
+        infer = {}
+        for i in range(rounds):
+            for name in (("clear", "encrypted") if i % 2 else ("encrypted", "clear")):
+                n, secs = tfos_inference(sc, rdd, model_path, encrypt=name == "encrypted")
+                assert n == args.infer_rows, n
+                infer.setdefault(name, []).append(n / secs)
+        rdd.unpersist()
+    ratios = [e / c for e, c in zip(infer["encrypted"], infer["clear"])]
+    print(f"  inference(), {args.infer_rows:,d} rows, rows/s per round: clear "
+          + " ".join(f"{r:,.0f}" for r in infer["clear"]) + ", encrypted " + " ".join(f"{r:,.0f}" for r in infer["encrypted"]))
+    print("  inference encrypted / clear per round " + " ".join(f"{x:.2f}" for x in ratios)
+          + f", median {sorted(ratios)[len(ratios) // 2]:.2f}   (target >= 0.8)")
+
+
 # ---------------------------------------------------------------- (c) TensorFlowOnSpark 2.2.5
 def tfos_legacy_counter(args, ctx):
     from tensorflowonspark import TFNode
@@ -312,11 +371,11 @@ def reference_inference(sc, rdd, model_path):
     return n, time.perf_counter() - t0
 
 
-def tfos_inference(sc, rdd, model_path):
+def tfos_inference(sc, rdd, model_path, encrypt=None):
     from tfos import InputMode, TFCluster
 
     cluster = TFCluster.run(sc, tfos_infer_fun, model_path, 2, 0, input_mode=InputMode.SPARK, master_node="chief",
-                            progress=False)
+                            progress=False, encrypt=encrypt)
     try:
         cluster.inference(rdd).count()  # warm-up: TF graph tracing in the nodes
         t0 = time.perf_counter()
@@ -531,7 +590,9 @@ def main(argv=None):
     p.add_argument("--batch-sizes", default="64,256,1024")
     p.add_argument("--batch-rounds", type=int, default=3, help="rounds of the by-batch-size table (medians)")
     p.add_argument("--chunk-mb", default="4,16", help="chunk sizes of --only chunk-size, in MiB")
-    p.add_argument("--only", choices=("all", "batch", "inference", "dataframe", "gate", "limit", "chunk-size"),
+    p.add_argument("--rounds", type=int, default=3, help="rounds of --only encryption")
+    p.add_argument("--only", choices=("all", "batch", "inference", "dataframe", "gate", "limit", "chunk-size",
+                                      "encryption"),
                    default="all",
                    help="only one part: the by-batch-size table, the inference runs, the DataFrame feeds, "
                         "the equal-steps gate, train() into dataset(256) against (a), or chunk sizes")
@@ -547,8 +608,8 @@ def main(argv=None):
     print(f"feed benchmark: local-cluster[2,1,{args.memory_mb}], rows of 784 float32 + int label "
           f"({ROW_BYTES} bytes), {args.partitions} partitions, {os.cpu_count()} cores")
     make_rdd(sc, 1000, 2).count()  # warm the Python workers
-    if args.only in ("gate", "limit", "chunk-size"):
-        {"gate": gate_cost, "limit": limit_ratio, "chunk-size": chunk_size}[args.only](sc, args)
+    if args.only in ("gate", "limit", "chunk-size", "encryption"):
+        {"gate": gate_cost, "limit": limit_ratio, "chunk-size": chunk_size, "encryption": encryption}[args.only](sc, args)
         spark.stop()
         return
     if args.only in ("inference", "dataframe"):

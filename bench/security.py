@@ -1,0 +1,211 @@
+"""What encryption costs outside the feed (the feed and inference: ``bench/feed.py --only encryption``).
+
+  connect     opening a tfos channel and one request/reply with the driver's control service on
+              loopback, clear vs encrypted (--connections each, --rounds rounds alternating): the
+              handshake's cost, per connection and as a ratio; and one connection through a pair of
+              node tunnels to a server in the other node's private namespace
+  allreduce   two ranks (processes), each with its node tunnel (private namespaces) and the shim, as
+              tfos starts them; in the same two processes two Gloo groups of torch.distributed, one
+              direct on 127.0.0.1 and one on the nodes' private addresses, whose traffic the tunnels
+              carry (encrypted records); all-reduces of --sizes MiB alternating between the groups,
+              --rounds rounds; algorithm bandwidth (bytes / time) and tunnel / direct
+
+Both ranks, both tunnels and the crypto share this machine's 2 cores, so the ratio here is a floor:
+on real hosts each node has its own cores for its tunnel.
+Run:  bash scripts/bench.sh security [--only connect|allreduce] [--sizes 16,64,256] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+RANK = textwrap.dedent("""
+    import datetime, json, sys, time
+    import torch, torch.distributed as dist
+    rank, store_port, private, sizes, rounds = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+    timeout = datetime.timedelta(seconds=120)
+    store = dist.TCPStore("127.0.0.1", store_port, 2, is_master=rank == 0, timeout=timeout)
+
+    def group(prefix, host):
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, 2, opts)
+
+    groups = {"direct": group("direct", "127.0.0.1"), "tunnel": group("tunnel", private)}
+    out = {}
+    for mib in map(int, sizes.split(",")):
+        t = torch.ones(mib << 18)  # float32: MiB * 2**20 / 4
+        for g in groups.values():  # warm-up: connections, buffers
+            g.allreduce([t]).wait()
+        for r in range(rounds):
+            for name in (("direct", "tunnel") if r % 2 else ("tunnel", "direct")):
+                groups[name].barrier().wait()
+                t0 = time.perf_counter()
+                groups[name].allreduce([t]).wait()
+                out.setdefault(f"{mib}", {}).setdefault(name, []).append((mib << 20) / (time.perf_counter() - t0) / 1e6)
+    out["cpu"] = time.process_time()
+    if rank == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    else:
+        print("CPU " + str(out["cpu"]), flush=True)
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_tunnels(tmp: str, netns: str = "auto"):
+    """Two nodes' tunnels as the agent starts them, each told where the other is."""
+    from tfos.tunnel import addresses
+    from tfos.tunnel import node as tunnel_node
+    from tfos.tunnel.agent import NodeTunnel
+    from tfos.wire import messages as M
+    from tfos.wire.channel import new_key
+
+    key = new_key(True)
+    tunnels = []
+    for i in range(2):
+        d = os.path.join(tmp, f"n{i}")
+        os.mkdir(d, 0o700)
+        cluster = M.ClusterConfig("bench-security", key, "127.0.0.1", 1, (("worker", 0), ("worker", 1)), 0, 60.0, "/l",
+                                  "file:///")
+        t = NodeTunnel(M.NodeConfig(cluster, i, "worker", i, "127.0.0.1", d, "/f", "/w", sys.executable), netns)
+        t.start()
+        tunnels.append(t)
+    for i, t in enumerate(tunnels):
+        other = tunnels[1 - i].info
+        tunnel_node.request(t.info.control, "PEERS " + json.dumps(
+            [[addresses.node_address(other.block, 1 - i), "127.0.0.1", other.port, False]]))
+    return key, tunnels
+
+
+def rank_env(tunnel) -> dict:
+    from tfos.tunnel.agent import shim_environment
+
+    env = dict(os.environ)
+    env.update(shim_environment(tunnel.info, tunnel.shim, env))
+    return env
+
+
+def allreduce(args) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        _key, tunnels = start_tunnels(tmp)
+        try:
+            print(f"  tunnels: {tunnels[0].info.mode}; {args.rounds} rounds alternating per size", flush=True)
+            port = free_port()
+            procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(port), t.info.address, args.sizes,
+                                       str(args.rounds)], stdout=subprocess.PIPE, text=True, env=rank_env(t))
+                     for r, t in enumerate(tunnels)]
+            out = procs[0].communicate(timeout=1800)[0]
+            other = procs[1].communicate(timeout=60)[0]
+            tunnel_cpu = sum(_cpu(t.proc.pid) for t in tunnels)
+        finally:
+            for t in tunnels:
+                t.stop()
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    rank_cpu = result.pop("cpu") + float(next(line for line in other.splitlines() if line.startswith("CPU "))[4:])
+    print(f"  {'MiB':>5} {'direct MB/s (per round)':<40} {'tunnel MB/s (per round)':<40} tunnel/direct median")
+    for mib, runs in result.items():
+        med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+        ratios = sorted(t / d for t, d in zip(runs["tunnel"], runs["direct"]))
+        print(f"  {mib:>5} {' '.join(f'{x:7.0f}' for x in runs['direct']):<40} "
+              f"{' '.join(f'{x:7.0f}' for x in runs['tunnel']):<40} {med['tunnel'] / med['direct']:5.2f} "
+              f"(per round {' '.join(f'{r:.2f}' for r in ratios)})" + ("   (target >= 0.5)" if mib == "64" else ""))
+    relayed = sum(int(mib) * 2 * (args.rounds + 1) for mib in result) / 1024  # GiB: each rank sends its size per all-reduce
+    print(f"  CPU-s: both ranks {rank_cpu:.1f} (direct and tunnel groups together), both tunnels {tunnel_cpu:.1f} "
+          f"for ~{relayed:.1f} GiB relayed ({tunnel_cpu / relayed:.2f} CPU-s per GiB: a read, a seal or open, a write)")
+
+
+def _cpu(pid: int) -> float:
+    """CPU-s of a process and its children (the tunnel and its namespace helper)."""
+    import psutil
+
+    p = psutil.Process(pid)
+    t = p.cpu_times()
+    return t.user + t.system + sum(c.cpu_times().user + c.cpu_times().system for c in p.children(recursive=True))
+
+
+def connect(args) -> None:
+    from tfos.cluster.driver.registry import NodeRegistry
+    from tfos.cluster.driver.service import ControlService
+    from tfos.feed.driver.scheduler import FeedScheduler
+    from tfos.wire.channel import new_key
+    from tfos.wire.clients import DriverClient
+
+    results: dict = {}
+    for r in range(args.rounds):
+        for encrypt in ((False, True) if r % 2 else (True, False)):
+            registry = NodeRegistry("c", [("chief", 0)])
+            key = new_key(encrypt)
+            service = ControlService(registry, FeedScheduler(registry, [0]), key, "127.0.0.1").start()
+            try:
+                client = DriverClient("127.0.0.1", service.port, key, "c", 0)
+                client.heartbeat()  # warm
+                t0 = time.perf_counter()
+                for _ in range(args.connections):
+                    client.heartbeat()  # one connection each: handshake + request + reply
+                results.setdefault(encrypt, []).append((time.perf_counter() - t0) / args.connections * 1e6)
+            finally:
+                service.stop()
+    med = {k: sorted(v)[len(v) // 2] for k, v in results.items()}
+    print(f"  a connection + one request/reply on loopback, {args.connections} per round, microseconds per round:")
+    print("  clear     " + " ".join(f"{x:7.0f}" for x in results[False]) + f"   median {med[False]:7.0f}")
+    print("  encrypted " + " ".join(f"{x:7.0f}" for x in results[True]) + f"   median {med[True]:7.0f}")
+    print(f"  encrypted / clear time: {med[True] / med[False]:.2f} (the X25519 exchange, HKDF and two records)")
+    with tempfile.TemporaryDirectory() as tmp:
+        _key, tunnels = start_tunnels(tmp)
+        try:
+            b = tunnels[1]
+            port = 7321
+            server = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+                import socket, sys
+                s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(128); print("up", flush=True)
+                while True:
+                    c, _ = s.accept(); c.sendall(b"x"); c.close()
+            """), b.info.address, str(port)], stdout=subprocess.PIPE, text=True, env=rank_env(b))
+            assert server.stdout.readline().strip() == "up"
+            client = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+                import socket, sys, time
+                n = int(sys.argv[3]); t0 = time.perf_counter()
+                for _ in range(n):
+                    s = socket.create_connection((sys.argv[1], int(sys.argv[2]))); assert s.recv(1) == b"x"; s.close()
+                print((time.perf_counter() - t0) / n * 1e6)
+            """), b.info.address, str(port), str(args.connections)], capture_output=True, text=True,
+                env=rank_env(tunnels[0]), timeout=600)
+            server.kill()
+            print(f"  through two node tunnels (TCP connect, tunnel handshake, one byte back): "
+                  f"{float(client.stdout.strip()):.0f} us per connection")
+        finally:
+            for t in tunnels:
+                t.stop()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", choices=("all", "connect", "allreduce"), default="all")
+    p.add_argument("--sizes", default="16,64,256", help="all-reduce sizes in MiB")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--connections", type=int, default=300)
+    args = p.parse_args(argv)
+    print(f"security benchmark: {os.cpu_count()} cores")
+    if args.only in ("all", "connect"):
+        connect(args)
+    if args.only in ("all", "allreduce"):
+        allreduce(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

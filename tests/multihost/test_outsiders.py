@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from outsider import remote_eager, store_client
+import outsider
 from tfos import InputMode, TFCluster
 from tfos.testing import wait_for
 
@@ -58,7 +58,7 @@ def test_a_remote_eager_client_runs_code_in_a_clear_cluster_but_nothing_gets_int
     try:
         assert wait_for(lambda: len(clear.metrics()) == 2 and all("total" in m for m in clear.metrics().values()), 240)
         address = clear.cluster_spec["worker"][0]
-        control = remote_eager(address, "worker")  # the control: what tfos used to allow anyone
+        control, = outsider.run_all([outsider.eager(address, "worker")])  # the control: what anyone could do
         assert control["ran"] and "tfos.cluster.node" in control["answer"], control
     finally:
         done.touch()
@@ -76,23 +76,22 @@ def test_a_remote_eager_client_runs_code_in_a_clear_cluster_but_nothing_gets_int
         spec = [a for addrs in cluster.cluster_spec.values() for a in addrs]
         ports = {h.address: _listening(h) for h in node_hosts}
         assert all(str(n["tf_port"]) not in map(str, ports[n["host"]]) for n in cluster.nodes), ports
-        results = []
         # from another host: every TF address, every port the job listens on, as TF's remote eager client
-        for address in spec:
-            results.append(remote_eager(address, _job_of(cluster, address)))
-        for h, listening in ports.items():
-            for port in sorted(listening):
-                results.append(remote_eager(f"{h}:{port}", "worker"))
+        probes = [outsider.eager(address, _job_of(cluster, address)) for address in spec]
+        probes += [outsider.eager(f"{h}:{port}") for h, listening in ports.items() for port in sorted(listening)]
         # from a node's own host, as another user: its loopback, the TF address and every listener there
         h = node_hosts[0]
-        for target in [f"127.0.0.1:{p}" for p in sorted(ports[h.address])] + [a for a in spec if a.startswith(h.address)]:
-            results.append(remote_eager(target, "worker", namespace=h.netns, other_user=True))
+        probes += [outsider.eager(target, namespace=h.netns, other_user=True)
+                   for target in [f"127.0.0.1:{p}" for p in sorted(ports[h.address])] + [a for a in spec
+                                                                                        if a.startswith(h.address)]]
         # Gloo's old rendezvous: a store client at the leader's TF address, from another host and as another user
         leader_host, leader_port = cluster.cluster_spec["chief"][0].rsplit(":", 1)
-        results.append(store_client(leader_host, int(leader_port)))
-        results.append(store_client("127.0.0.1", int(leader_port), namespace=hosts.by_address(leader_host).netns,
-                                    other_user=True))
-        assert results and not any(r["ran"] for r in results), [r for r in results if r["ran"]]
+        probes += [outsider.store(leader_host, int(leader_port)),
+                   outsider.store("127.0.0.1", int(leader_port), namespace=hosts.by_address(leader_host).netns,
+                                  other_user=True)]
+        results = outsider.run_all(probes)
+        assert len(results) >= 8 and all(r["loaded"] for r in results), [r for r in results if not r["loaded"]]
+        assert not any(r["ran"] for r in results), [r for r in results if r["ran"]]
         # still working after the probes: every rank answers
         assert all(m["gloo"] == 3.0 for m in cluster.metrics().values())
     finally:
@@ -109,9 +108,10 @@ def test_no_outsider_reaches_the_servers_of_an_encrypted_parameter_server_cluste
         assert wait_for(lambda: cluster.metrics().get(1, {}).get("up"), 120)
         spec = cluster.cluster_spec
         assert set(spec) == {"ps", "chief", "worker"} and all(n["tunnel_mode"] == "netns" for n in cluster.nodes)
-        results = [remote_eager(a, job) for job, addrs in spec.items() for a in addrs]
-        for n in cluster.nodes:  # each node's tunnel, from another host
-            results.append(remote_eager(f"{n['host']}:{n['tunnel_port']}", "ps"))
+        probes = [outsider.eager(a, job) for job, addrs in spec.items() for a in addrs]
+        probes += [outsider.eager(f"{n['host']}:{n['tunnel_port']}", "ps") for n in cluster.nodes]  # each tunnel
+        results = outsider.run_all(probes)
+        assert len(results) == 6 and all(r["loaded"] for r in results), results
         assert not any(r["ran"] for r in results), [r for r in results if r["ran"]]
     finally:
         done.touch()

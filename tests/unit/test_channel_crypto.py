@@ -444,3 +444,28 @@ if __name__ == "__main__":
         json.dump(compute_vectors(), f, indent=1)
         f.write("\n")
     print("wrote", VECTORS)
+
+
+def test_a_timeout_before_a_record_leaves_the_stream_whole_and_one_inside_it_does_not():
+    import socket as _socket
+
+    from test_wire import channel_pair
+
+    a, b = channel_pair(True)
+    b.settimeout(0.2)
+    with pytest.raises(_socket.timeout):  # nothing sent yet: the stream is intact
+        b.recv()
+    a.send(M.FeedPartitionEnd(1))
+    b.settimeout(5)
+    assert b.recv() == M.FeedPartitionEnd(1)
+    record = a._tx.seal(b"x" * 100)
+    a.sock.sendall(record[:30])  # a record cut short, then silence
+    b.settimeout(0.3)
+    with pytest.raises(_socket.timeout):
+        b.recv()
+    a.sock.sendall(record[30:])
+    b.settimeout(5)
+    with pytest.raises(ProtocolError, match="broke inside a record"):
+        b.recv()
+    a.close()
+    b.close()

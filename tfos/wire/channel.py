@@ -371,8 +371,12 @@ class Channel:
             return k
         if self._broken:
             raise ProtocolError(self._broken)
+        head = bytearray(4)
+        got = 0
         try:
-            header = bytes(self._raw_recv_exact(4, record=True))
+            while got < 4:  # a timeout before the first byte leaves the stream whole
+                got += self._recv_some(memoryview(head)[got:], cut=got > 0)
+            header = bytes(head)
             length = crypto.record_length(header, self.peer)
             plain = length - crypto.TAG_BYTES
             if plain == 0:
@@ -384,8 +388,9 @@ class Channel:
             body = memoryview(bytearray(length))  # a record that spans what the caller asked for
             self._raw_recv_into(body)
             plain = self._rx.open_in_place(header, body, self.peer)
-        except BaseException as e:  # the stream's position inside a record is lost: nothing more can be read
-            self._broken = f"the connection to {self.peer} broke inside a record ({type(e).__name__}: {e})"
+        except BaseException as e:  # inside a record the stream's position is lost: nothing more can be read
+            if got:
+                self._broken = f"the connection to {self.peer} broke inside a record ({type(e).__name__}: {e})"
             raise
         k = min(view.nbytes, plain)
         view[:k] = body[:k]
@@ -421,8 +426,8 @@ class Channel:
         except (BrokenPipeError, ConnectionError) as e:
             raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
 
-    def _raw_recv_exact(self, n: int, deadline: float | None = None, record: bool = False) -> bytearray:
-        """Exactly ``n`` raw bytes (``n`` is one of the protocol's fixed sizes)."""
+    def _raw_recv_exact(self, n: int, deadline: float | None = None) -> bytearray:
+        """Exactly ``n`` raw bytes of the handshake (``n`` is one of its fixed sizes)."""
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
@@ -432,7 +437,7 @@ class Channel:
                 if remaining <= 0:
                     raise socket.timeout("handshake deadline passed")
                 self.sock.settimeout(remaining)
-            got += self._recv_some(view[got:], cut=record and got > 0)
+            got += self._recv_some(view[got:])
         return buf
 
     def _raw_recv_into(self, view: memoryview) -> None:

@@ -8,7 +8,8 @@ set -euo pipefail
 TFOS_EXTRAS="tf,spark,examples,hdfs"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
-python -m tfos.tunnel build >/dev/null  # the node tunnel and shim of encrypted clusters (the default; cached)
+# the node tunnel and shim of encrypted clusters (the default; cached): YARN's containers find them by TFOS_TUNNEL_DIR
+TUNNEL_DIR="$(dirname "$(python -m tfos.tunnel build | head -1)")"
 DIR="${1:-/tmp/tfos-hadoop}"
 hadoop() { python -m tfos.testing.hadoop "$@"; }
 hadoop up --dir "$DIR"
@@ -23,7 +24,7 @@ export PYSPARK_ARCHIVES_PATH="local:$SP/python/lib/pyspark.zip,local:$PY4J"
 spark-submit --master yarn --deploy-mode client --num-executors 2 --executor-memory 768m \
   --conf spark.executor.memoryOverhead=1536m --conf spark.executor.cores=1 \
   --conf "spark.yarn.jars=local:$SP/jars/*" --conf spark.driver.host=127.0.0.1 \
-  --conf spark.yarn.am.memory=512m --conf spark.ui.enabled=false \
+  --conf spark.yarn.am.memory=512m --conf spark.ui.enabled=false --conf "spark.executorEnv.TFOS_TUNNEL_DIR=$TUNNEL_DIR" \
   examples/digits/digits_tf.py --epochs 3 --data-dir hdfs:///tmp/digits \
   --output-dir hdfs:///tmp/digits-out --export-dir hdfs:///tmp/digits-out/export \
   2> "$DIR/spark-submit.log" | grep -v " INFO " || { tail -50 "$DIR/spark-submit.log"; exit 1; }

@@ -189,3 +189,18 @@ def test_the_crates_own_tests_pass():
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "test result: ok" in out.stdout
+
+
+def test_a_build_made_elsewhere_is_used_from_tfos_tunnel_dir(tmp_path, monkeypatch):
+    """Executors without cargo, or YARN containers with no home of the user, take a shipped build;
+    a directory without one is refused naming the variable."""
+    binary, shim = build.require()
+    monkeypatch.setenv("TFOS_TUNNEL_DIR", str(tmp_path))
+    with pytest.raises(build.TunnelUnavailable, match=f"TFOS_TUNNEL_DIR={tmp_path} holds no tunnel build"):
+        build.require()
+    for path in (binary, shim):
+        shutil.copy2(path, tmp_path)
+    assert build.require() == (str(tmp_path / build.BINARY), str(tmp_path / build.SHIM))
+    os.chmod(tmp_path / build.BINARY, 0o777)  # another user could change it: not run
+    with pytest.raises(Exception, match="can be changed by another user"):
+        build.require()

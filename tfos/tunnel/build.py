@@ -2,8 +2,10 @@
 
 ``python -m tfos.tunnel build`` builds both once per source into this user's cache
 (``$TFOS_CACHE_DIR``); the node agent calls :func:`require`, which builds them on first use where the
-toolchains are installed and otherwise says how to get them. Only files that this user (or root)
-alone can change are ever executed or preloaded (:func:`tfos.host.private.check_trusted_file`).
+toolchains are installed and otherwise says how to get them. ``TFOS_TUNNEL_DIR`` names a directory
+holding both, built elsewhere (a shared path, or shipped to executors that have no cargo or whose
+containers have no usable home, as YARN's). Only files that this user (or root) alone can change are
+ever executed or preloaded (:func:`tfos.host.private.check_trusted_file`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ SHIM_SOURCE = HERE / "shim.c"
 BINARY = "tfos-tunnel"
 SHIM = "libtfos_tunnel_shim.so"
 BUILD_TIMEOUT = 1200.0
-HOW = ("build it on every host with 'python -m tfos.tunnel build' (needs cargo and a C compiler), or reserve the "
-       "cluster with encrypt=False to run without tfos's protection of TensorFlow's and Gloo's traffic")
+ENV_DIR = "TFOS_TUNNEL_DIR"
+HOW = ("build it on every host with 'python -m tfos.tunnel build' (needs cargo and a C compiler) as the user the "
+       f"executors run as, or point {ENV_DIR} at a directory holding a build ('python -m tfos.tunnel path' says where "
+       "it is), or reserve the cluster with encrypt=False to run without tfos's protection of TensorFlow's and Gloo's "
+       "traffic")
 
 
 class TunnelBuildError(TFOSError):
@@ -57,8 +62,9 @@ def built_dir() -> Path:
 
 
 def built_paths() -> tuple[str, str]:
-    """The tunnel binary's and the shim's paths (whether or not they exist; nothing is created)."""
-    d = built_dir()
+    """The tunnel binary's and the shim's paths (whether or not they exist; nothing is created): in
+    ``$TFOS_TUNNEL_DIR`` when it is set, else in this user's cache."""
+    d = Path(os.environ[ENV_DIR]) if os.environ.get(ENV_DIR) else built_dir()
     return str(d / BINARY), str(d / SHIM)
 
 
@@ -72,8 +78,8 @@ def _cc() -> str | None:
 
 
 def build(timeout: float = BUILD_TIMEOUT) -> tuple[str, str]:
-    """Build whichever of the two is missing; returns their paths."""
-    binary, shim = (Path(p) for p in built_paths())
+    """Build whichever of the two is missing, in this user's cache; returns their paths."""
+    binary, shim = built_dir() / BINARY, built_dir() / SHIM
     build_once(shim, "tunnel-shim.lock", lambda: _build_shim(shim, timeout))
     build_once(binary, "tunnel.lock", lambda: _build_tunnel(binary, timeout))
     return str(binary), str(shim)
@@ -108,6 +114,8 @@ def require() -> tuple[str, str]:
     """The tunnel's and the shim's paths, built now if they are not yet and the toolchains are here;
     TunnelUnavailable (naming the fix and the opt-out) if they cannot be."""
     binary, shim = built_paths()
+    if os.environ.get(ENV_DIR) and not (os.path.isfile(binary) and os.path.isfile(shim)):
+        raise TunnelUnavailable(f"{ENV_DIR}={os.environ[ENV_DIR]} holds no tunnel build ({BINARY}, {SHIM}): {HOW}")
     if not (os.path.isfile(binary) and os.path.isfile(shim)):
         if not (_cargo() and _cc()):
             raise TunnelUnavailable(f"tfos's node tunnel is not built on this host ({binary}): {HOW}")

@@ -117,6 +117,11 @@ def submit_command(cluster: HadoopCluster, script: str, args=(), *, deploy_mode:
                 "spark.yarn.maxAppAttempts": "1",
                 "spark.yarn.appMasterEnv.TFOS_SERVER_HOST": host_address(),
                 "spark.ui.enabled": "false"}
+    from tfos.tunnel import build as tunnel
+
+    binary, _shim = tunnel.built_paths()
+    if os.path.isfile(binary):  # YARN's containers have no home of this user: the node tunnel built here
+        settings["spark.executorEnv.TFOS_TUNNEL_DIR"] = os.path.dirname(binary)
     pythonpath = os.environ.get("PYTHONPATH")
     if pythonpath:  # a source checkout the caller runs from: the containers import the same tfos
         settings["spark.executorEnv.PYTHONPATH"] = pythonpath

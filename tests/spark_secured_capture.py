@@ -1,0 +1,71 @@
+"""The marked feed of tests/integration/test_security.py in a Spark application that authenticates and
+encrypts its own traffic (spark.authenticate, spark.network.crypto.enabled with AES-GCM,
+spark.io.encryption.enabled): a clear tfos cluster (encrypt=False) and one with tfos's default.
+Runs in its own process (one Spark driver per process); prints one JSON line with the marker
+copies the capture found on each cluster's ports and what the driver logged. Needs root."""
+
+import json
+import logging
+import os
+import secrets
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from capture import Capture  # noqa: E402
+
+MARK = "tfos-marker-7Q2x"
+ROWS = 2000
+
+
+def count_marked(mark, ctx):
+    feed = ctx.get_data_feed(train_mode=True)
+    seen = rows = 0
+    for text, _label in feed.batches(100):
+        rows += len(text)
+        seen += sum(str(t).count(mark) for t in text)
+    ctx.report(rows=rows, seen=seen)
+
+
+class Keep(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def main():
+    from tfos import InputMode, TFCluster
+    from tfos.testing import local_cluster_session
+
+    kept = Keep()
+    logging.getLogger("tfos").addHandler(kept)
+    spark = local_cluster_session(2, 1, 1024, app_name="tfos-secured-capture", conf={
+        "spark.authenticate": "true", "spark.authenticate.secret": secrets.token_hex(16),
+        "spark.network.crypto.enabled": "true", "spark.network.crypto.authEngineVersion": "2",
+        "spark.network.crypto.cipher": "AES/GCM/NoPadding", "spark.io.encryption.enabled": "true"})
+    sc = spark.sparkContext
+    rdd = sc.parallelize(range(ROWS), 4).map(lambda i: (MARK * 4, i))
+    out = {}
+    for name, encrypt in (("clear", False), ("default", None)):
+        cluster = TFCluster.run(sc, count_marked, MARK, 2, 0, input_mode=InputMode.SPARK, encrypt=encrypt,
+                                report_interval=0.1, progress=False)
+        cap = Capture("lo")
+        try:
+            cluster.train(rdd, num_epochs=1)
+            cluster.shutdown(timeout=120)
+        finally:
+            cap.stop()
+        ports = {cluster.service.port} | {p for n in cluster.nodes for p in (n["feed_port"], n["tunnel_port"]) if p}
+        metrics = list(cluster.metrics().values())
+        out[name] = {"copies": cap.payload(ports).count(MARK.encode()), "encrypted": cluster.config.key.encrypt,
+                     "rows": sum(m["rows"] for m in metrics), "seen": sum(m["seen"] for m in metrics)}
+    out["warnings"] = kept.lines
+    spark.stop()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,11 +14,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from capture import Capture  # noqa: E402
 
-MARK = "tfos-marker-7Q2x"
+MARK = "tfos-marker-7Q2x"  # 16 bytes
 ROWS = 2000
 
 
 def count_marked(mark, ctx):
+    """Count the rows fed to this node and the markers in them."""
     feed = ctx.get_data_feed(train_mode=True)
     seen = rows = 0
     for text, _label in feed.batches(100):

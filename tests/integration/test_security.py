@@ -7,19 +7,8 @@ import socket
 
 import pytest
 
+from spark_secured_capture import MARK, ROWS, count_marked  # the marked feed: 16-byte markers, 4 per row
 from tfos import InputMode
-
-MARK = "tfos-marker-7Q2x"  # 16 bytes
-ROWS = 2000
-
-
-def count_marked(args, ctx):
-    feed = ctx.get_data_feed(train_mode=True)
-    seen = rows = 0
-    for text, _label in feed.batches(100):
-        rows += len(text)
-        seen += sum(str(t).count(args) for t in text)
-    ctx.report(rows=rows, seen=seen)
 
 
 def _ports(cluster) -> set[int]:

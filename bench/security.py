@@ -1,5 +1,8 @@
 """What encryption costs outside the feed (the feed and inference: ``bench/feed.py --only encryption``).
 
+  channel     a feed chunk's frame (5,344 rows of 784 float32, in its Arrow parts) sent over one
+              channel on loopback, clear vs encrypted, for sending record sizes of --records KiB:
+              CPU-s per GB (sender and receiver together) and GB/s, medians of 3
   connect     opening a tfos channel and one request/reply with the driver's control service on
               loopback, clear vs encrypted (--connections each, --rounds rounds alternating): the
               handshake's cost, per connection and as a ratio; and one connection through a pair of
@@ -12,7 +15,7 @@
 
 Both ranks, both tunnels and the crypto share this machine's 2 cores, so the ratio here is a floor:
 on real hosts each node has its own cores for its tunnel.
-Run:  bash scripts/bench.sh security [--only connect|allreduce] [--sizes 16,64,256] [--rounds 5]
+Run:  bash scripts/bench.sh security [--only channel|connect|allreduce] [--sizes 16,64,256] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -192,14 +195,80 @@ def connect(args) -> None:
                 t.stop()
 
 
+def channel(args) -> None:
+    import threading
+
+    import numpy as np
+
+    from tfos.feed import arrow
+    from tfos.wire import channel as C
+
+    def pair(encrypt):
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        key, box = C.new_key(encrypt), {}
+
+        def accept():
+            conn, _ = srv.accept()
+            box["server"] = C.Channel(conn, "client")
+            box["server"].server_handshake(key)
+
+        t = threading.Thread(target=accept)
+        t.start()
+        client = C.Channel.connect("127.0.0.1", srv.getsockname()[1], key, timeout=10)
+        t.join()
+        srv.close()
+        client.settimeout(None)
+        box["server"].settimeout(None)
+        return client, box["server"]
+
+    rows = 5344  # a ~16 MiB chunk, as the producer cuts them
+    x = np.random.default_rng(0).random((rows, 784), dtype=np.float32)
+    parts = arrow.ipc_parts(arrow.rows_to_batch([(x[i], i) for i in range(rows)]))
+    gb = args.frames * sum(memoryview(p).nbytes for p in parts) / 1e9
+
+    def one(encrypt):
+        a, b = pair(encrypt)
+        sender = threading.Thread(target=lambda: [a.send_data(parts) for _ in range(args.frames)])
+        t0, c0 = time.perf_counter(), time.process_time()
+        sender.start()
+        for _ in range(args.frames):
+            b.recv_frame()
+        sender.join()
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+        a.close()
+        b.close()
+        return cpu / gb, gb / secs
+
+    default = C._SEND_RECORD, C._STAGE
+    print(f"  {args.frames} frames of {gb / args.frames * 1e3:.1f} MB over loopback; CPU-s per GB (both ends), GB/s:")
+    try:
+        for kib in map(int, args.records.split(",")):
+            C._SEND_RECORD, C._STAGE = kib << 10, max(2 * (kib << 10), 512 << 10)
+            runs = {False: [], True: []}
+            for encrypt in (False, True) * 3:
+                runs[encrypt].append(one(encrypt))
+            med = {k: (sorted(r[0] for r in v)[1], sorted(r[1] for r in v)[1]) for k, v in runs.items()}
+            mark = "  (the default)" if (kib << 10) == default[0] else ""
+            print(f"  records of {kib:5d} KiB: clear {med[False][0]:.3f} / {med[False][1]:.2f}, encrypted "
+                  f"{med[True][0]:.3f} / {med[True][1]:.2f}: +{med[True][0] - med[False][0]:.3f} CPU-s per GB{mark}")
+    finally:
+        C._SEND_RECORD, C._STAGE = default
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=("all", "connect", "allreduce"), default="all")
+    p.add_argument("--only", choices=("all", "channel", "connect", "allreduce"), default="all")
+    p.add_argument("--frames", type=int, default=60, help="frames per run of --only channel")
+    p.add_argument("--records", default="1024,256,128,64", help="sending record sizes of --only channel, KiB")
     p.add_argument("--sizes", default="16,64,256", help="all-reduce sizes in MiB")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--connections", type=int, default=300)
     args = p.parse_args(argv)
     print(f"security benchmark: {os.cpu_count()} cores")
+    if args.only in ("all", "channel"):
+        channel(args)
     if args.only in ("all", "connect"):
         connect(args)
     if args.only in ("all", "allreduce"):

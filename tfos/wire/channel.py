@@ -44,7 +44,11 @@ _IOV_MAX = 64  # buffers per sendmsg call (Linux allows 1024)
 _ALIGN = 64  # data frame bodies land at this alignment (TF's allocator alignment)
 _IPC_CONTINUATION = 0xFFFFFFFF
 _SMALL = 64 << 10  # encrypted sends: parts below this are joined into one record, larger ones sealed in place
-_STAGE = 4 << 20  # encrypted sends: records are staged up to this many bytes per system call
+# Encrypted sends: plaintext bytes per record (receivers take up to MAX_RECORD), and how many bytes of
+# sealed records are staged per system call: small enough to stay in the CPU's cache from the seal to
+# the kernel's copy, large enough that the per-record cost is small (bench/security.py --only channel).
+_SEND_RECORD = 256 << 10
+_STAGE = 512 << 10
 _ROOM = crypto.TAG_BYTES  # receive buffers keep this much beyond their end: a record's tag lands there
 
 
@@ -268,7 +272,7 @@ class Channel:
             self._raw_sendall(out)
             return
         if self._stage is None:
-            self._stage = memoryview(bytearray(_STAGE + crypto.MAX_RECORD + 2 * (crypto.TAG_BYTES + 4)))
+            self._stage = memoryview(bytearray(_STAGE + _SEND_RECORD + 2 * (crypto.TAG_BYTES + 4)))
         stage, used, joined = self._stage, 0, 0  # joined: plaintext of small parts gathered at stage[used + 4:]
 
         def flush_joined():
@@ -278,16 +282,16 @@ class Channel:
                 joined = 0
 
         for v in views:
-            if v.nbytes < _SMALL and joined + v.nbytes <= crypto.MAX_RECORD:
+            if v.nbytes < _SMALL and joined + v.nbytes <= _SEND_RECORD:
                 stage[used + 4 + joined:used + 4 + joined + v.nbytes] = v
                 joined += v.nbytes
                 continue
             flush_joined()
-            for off in range(0, v.nbytes, crypto.MAX_RECORD):
-                if used + crypto.MAX_RECORD + crypto.TAG_BYTES + 4 > stage.nbytes:
+            for off in range(0, v.nbytes, _SEND_RECORD):
+                if used + _SEND_RECORD + crypto.TAG_BYTES + 4 > stage.nbytes:
                     self._raw_sendall(stage[:used])
                     used = 0
-                used += self._tx.seal_into(v[off:off + crypto.MAX_RECORD], stage[used:])
+                used += self._tx.seal_into(v[off:off + _SEND_RECORD], stage[used:])
             if used >= _STAGE:
                 self._raw_sendall(stage[:used])
                 used = 0

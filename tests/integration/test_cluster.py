@@ -65,11 +65,19 @@ def test_two_nodes_get_distinct_roles_consistent_tf_config_and_identical_weights
     for k in w0.files:
         np.testing.assert_array_equal(w0[k], w1[k])
     acc = json.loads((out / "result.json").read_text())["accuracy"]
-    # training fidelity: within 2 points of one process with the same global batch and steps (a
-    # comparison, not one of the suite's trainings to an accuracy threshold)
-    single = digits_tf.train_single_process(str(data), args.epochs, 2 * args.batch_size, args.learning_rate,
-                                            args.train_rows)
-    assert abs(acc - single) <= 0.02, (acc, single)
+    # training fidelity: within 2 points of the range one process reaches with the same global batch
+    # and steps (a comparison, not one of the suite's trainings to an accuracy threshold). The
+    # baseline is three seeded runs, not one: on these 449 test rows one unseeded run against
+    # another spreads by 2 points on its own (0.955-0.978 over 9 seeds), so a single draw made a
+    # two-point check fail by chance.
+    import keras
+
+    singles = []
+    for seed in (1, 2, 3):
+        keras.utils.set_random_seed(seed)
+        singles.append(digits_tf.train_single_process(str(data), args.epochs, 2 * args.batch_size,
+                                                      args.learning_rate, args.train_rows))
+    assert min(singles) - 0.02 <= acc <= max(singles) + 0.02, (acc, singles)
 
 
 def fail_on_node_1(args, ctx):

@@ -18,7 +18,9 @@ happened before; the context manager calls it in ``finally``.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +55,25 @@ def range_in_use() -> list[str]:
             if ipaddress.ip_interface(addr).network.overlaps(SUBNET):
                 used.append(f"{parts[1]} {addr}")
     return used
+
+
+def reclaim_stale() -> list[str]:
+    """Remove what a harness run that died without closing left behind (its bridge ``tfbr<tag>``,
+    namespaces ``tfos-<tag>-h<i>``), but only a run none of whose namespaces holds a process.
+    Returns the tags reclaimed. Nothing else on the machine is touched."""
+    links = _ip("-o", "link", "show").stdout
+    tags = sorted({m.group(1) for m in re.finditer(r"^\d+: tfbr([0-9a-f]{6})[:@]", links, re.M)})
+    spaces = _ip("netns", "list").stdout.split()
+    reclaimed = []
+    for tag in tags:
+        mine = [n for n in spaces if re.fullmatch(rf"tfos-{tag}-h\d+", n)]
+        if any(_ip("netns", "pids", n).stdout.strip() for n in mine):
+            continue  # a live run: not ours to touch
+        for n in mine:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"tfbr{tag}"], capture_output=True)
+        reclaimed.append(tag)
+    return reclaimed
 
 
 def can_run() -> str | None:
@@ -136,6 +157,9 @@ class Hosts:
         why = can_run()
         if why:
             raise RuntimeError(f"the multi-host harness cannot run here: {why}")
+        stale = reclaim_stale()
+        if stale:
+            logging.getLogger(__name__).warning("removed the bridges and namespaces of dead harness runs %s", stale)
         used = range_in_use()
         if used:
             raise RuntimeError(f"{SUBNET} is already used on this machine ({used}); the harness will not share it")

@@ -178,3 +178,16 @@ def test_gpu_shortage_names_the_host_what_it_saw_and_what_it_needed(num, smi, cl
 
     with pytest.raises(ConfigError, match=match):
         choose_gpus(num, None, smi, claimed, host="h3")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("ValueError: Attempt to convert a value (PerReplica:{0: <tf.Tensor ...>}) with an unsupported type",
+     "Keras 3's model.fit cannot run under"),
+    ("RuntimeError: Collective ops must be configured at program startup", "call ctx.strategy() (or create"),
+    ("ValueError: something else entirely", ""),
+])
+def test_hints_name_the_fix_for_failures_whose_message_does_not(text, expected):
+    from tfos.cluster.node.hints import hint
+
+    got = hint("Traceback (most recent call last):\n  ...\n" + text)
+    assert (expected in got) if expected else got == ""

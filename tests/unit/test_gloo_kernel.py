@@ -20,9 +20,27 @@ def cache(monkeypatch, tmp_path):
     return tmp_path
 
 
-def test_without_a_build_the_py_function_path_runs_and_nothing_is_written(cache):
+def test_without_a_build_and_first_use_builds_off_the_py_function_path_runs_and_nothing_is_written(cache,
+                                                                                                    monkeypatch):
+    monkeypatch.setenv(gloo_kernel.ENV_BUILD, "0")
     assert gloo_kernel.load() is None
     assert not (cache / "cache").exists()
+
+
+def test_first_use_builds_it_and_a_failed_build_falls_back_saying_which_path_runs(cache, monkeypatch, tmp_path,
+                                                                                caplog):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    cxx = tmp_path / "bin" / "c++"
+    cxx.parent.mkdir()
+    cxx.write_text("#!/bin/sh\necho \"$@\" >> " + str(tmp_path / "calls") + "\necho 'op.cc:1: error: no' >&2\nexit 1\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.delenv(gloo_kernel.ENV_BUILD, raising=False)
+    assert gloo_kernel.load() is None
+    assert "bridge.cc" in (tmp_path / "calls").read_text()  # the first use tried to build it
+    assert "could not be built here" in caplog.text and "go through tf.py_function" in caplog.text
+    assert not gloo_kernel.built_path().exists()
 
 
 def test_the_switch_turns_a_build_off(cache, monkeypatch):

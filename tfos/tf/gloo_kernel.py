@@ -15,9 +15,11 @@ work without Python:
 
 ``python -m tfos.tf.gloo_kernel build`` compiles it with the system's C++ compiler (``$CXX``, else
 g++; ~30 s, once per source, TensorFlow, PyTorch and Python version) into ``$TFOS_CACHE_DIR``.
-:func:`load` brings it into a process, and :class:`tfos.tf.gloo.Group` uses it in ``tf.function``
-when it is built. Without it (or with ``TFOS_GLOO_KERNEL=0``) the ``tf.py_function`` path runs,
-with the same results. Runs in the TF process; code is loaded only from files that this user or
+:func:`load` brings it into a process, building it on first use when it is not built yet (under a
+file lock, once per host and environment; ``TFOS_GLOO_KERNEL_BUILD=0`` skips that), and
+:class:`tfos.tf.gloo.Group` uses it in ``tf.function``. Without it (no compiler, a failed build,
+or ``TFOS_GLOO_KERNEL=0``) the ``tf.py_function`` path runs, with the same results, and the log says
+which path runs. Runs in the TF process; code is loaded only from files that this user or
 root alone can change.
 """
 
@@ -45,6 +47,7 @@ SOURCE = Path(__file__).with_name("gloo_cc")
 LIBRARY = "_tfos_gloo.so"
 MODULE = "_tfos_gloo"  # bridge.cc's PYBIND11_MODULE name
 ENV_SWITCH = "TFOS_GLOO_KERNEL"
+ENV_BUILD = "TFOS_GLOO_KERNEL_BUILD"  # "0": never build on first use (a build takes a minute)
 BUILD_TIMEOUT = 900.0
 
 _lock = threading.Lock()
@@ -156,9 +159,15 @@ def load() -> Kernel | None:
         if os.environ.get(ENV_SWITCH, "1") == "0":
             return None
         path = built_path()
+        if not path.is_file() and os.environ.get(ENV_BUILD, "1") != "0":
+            try:  # on first use, as PyTorch's cpp_extension.load does: once per host and environment, under a lock
+                build()
+            except TFOSError as e:
+                logger.warning("the Gloo op could not be built here (%s): all-reduces in tf.function go through "
+                               "tf.py_function (slower per call)", e)
         if not path.is_file():
             logger.info("the Gloo op is not built here: all-reduces in tf.function go through tf.py_function "
-                        "(slower per call); build it with 'python -m tfos.tf.gloo_kernel build'")
+                        "(slower per call); build it with 'tfos build gloo'")
             return None
         check_trusted_file(str(path))
         try:

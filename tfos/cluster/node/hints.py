@@ -17,6 +17,10 @@ HINTS: tuple[tuple[re.Pattern, str], ...] = (
      "tfos.keras_dist (rank, size = keras_dist.init_collectives(); optimizer=keras_dist.DistributedOptimizer(...); "
      "callbacks=[keras_dist.BroadcastInitialWeights(0)]), or use tf_keras under the strategy: pip install tf-keras "
      "and reserve(..., env={'TF_USE_LEGACY_KERAS': '1'})."),
+    (re.compile(r"Collective ops must be configured at program startup"),
+     "tfos hint: TensorFlow configures its collectives once, before its first op: call ctx.strategy() (or create "
+     "the MultiWorkerMirroredStrategy) before any other TensorFlow call in main_fun or the script, e.g. before "
+     "building datasets or reading files with tf.io."),
 )
 
 

@@ -3,7 +3,8 @@
 The public API, re-exported lazily: importing ``tfos`` loads neither the driver modules nor
 pyspark nor TensorFlow, so node agents and TF processes stay light.
 
-* on the driver: :class:`TFCluster` (``tfos.cluster.driver``), :class:`InputMode`;
+* on the driver: :class:`TFCluster` (``tfos.cluster.driver``), :class:`TFDistributor`
+  (TorchDistributor's shape), :class:`InputMode`;
 * in ``main_fun(args, ctx)``: :class:`NodeContext` (``ctx``), :class:`DataFeed`, ``TFNode``;
 * everywhere: the errors, all derived from :class:`TFOSError`.
 """
@@ -16,6 +17,7 @@ from tfos.topology import InputMode
 
 _LAZY = {
     "TFCluster": ("tfos.cluster.driver.api", "TFCluster"),
+    "TFDistributor": ("tfos.cluster.driver.distributor", "TFDistributor"),
     "NodeContext": ("tfos.cluster.node.context", "NodeContext"),
     "DataFeed": ("tfos.feed.node.datafeed", "DataFeed"),
     "TFNode": ("tfos.tf.compat", "TFNode"),  # TensorFlowOnSpark compatibility: `from tfos import TFNode`
@@ -33,7 +35,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'tfos' has no attribute {name!r}")
 
 
-__all__ = ["TFCluster", "InputMode", "NodeContext", "DataFeed", "TFNode", "TFOSError", "ConfigError",
+__all__ = ["TFCluster", "TFDistributor", "InputMode", "NodeContext", "DataFeed", "TFNode", "TFOSError", "ConfigError",
            "ProtocolError", "AuthenticationError", "TFOSTimeoutError", "ReservationTimeoutError",
            "FeedTimeoutError", "FeedError", "ClusterStateError", "CollectiveError", "NodeFailedError", "NodeFailure",
            "NonRetryable", "UnevenDataError", "StallError",

@@ -26,7 +26,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--master", help="Spark master URL (default: spark-submit's, else Spark's default)")
     p.add_argument("--num-executors", type=int, default=1, help="TF nodes, one per executor")
     p.add_argument("--num-ps", type=int, default=0, help="parameter server nodes among them")
-    p.add_argument("--master-node", default="chief", help="'chief' or 'none' (workers only)")
+    p.add_argument("--master-node", default="none",
+                   help="'none' (workers only, what TF's multi-worker tutorials expect; the default) or 'chief'")
     p.add_argument("--num-gpus", type=int, default=0, help="GPUs per node when Spark assigns none")
     p.add_argument("--reservation-timeout", type=float, default=600)
     p.add_argument("--timeout", type=float, default=259200, help="seconds the script may run")

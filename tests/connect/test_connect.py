@@ -216,3 +216,32 @@ def test_spark_ml_estimator_fits_and_model_transforms_over_connect(connect_spark
     rows = est.fit(train).setOutputMode("argmax").transform(test).select("label", "prediction").collect()
     assert len(rows) == test.count()
     assert float(np.mean([r.label == r.prediction for r in rows])) >= 0.9
+
+
+def rank_summary(scale):
+    import numpy as np
+
+    cfg = json.loads(os.environ["TF_CONFIG"])
+    return {"rank": cfg["task"]["index"], "workers": len(cfg["cluster"]["worker"]),
+            "values": np.arange(4, dtype=np.int32) * scale}
+
+
+def fails_on_rank_1():
+    if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+        raise ValueError("rank 1 rejects its data")
+    time.sleep(600)
+
+
+@pytest.mark.slow
+def test_tf_distributor_over_connect_returns_rank_0s_value_and_errors(connect_spark):
+    """TFDistributor on a Connect session (the active one, as a notebook has it): its barrier stage is
+    a DataFrame job; rank 0's value comes back; a failing rank's error names it."""
+    import numpy as np
+
+    from tfos import TFDistributor
+
+    value = TFDistributor(num_processes=2).run(rank_summary, 3)  # the active session: connect_spark
+    assert value["rank"] == 0 and value["workers"] == 2
+    np.testing.assert_array_equal(value["values"], np.arange(4, dtype=np.int32) * 3)
+    with pytest.raises(NodeFailedError, match="rank 1 rejects its data"):
+        TFDistributor(num_processes=2, spark=connect_spark, stop_grace_secs=1).run(fails_on_rank_1)

@@ -28,7 +28,7 @@ def test_plain_mwms_script_trains_on_both_workers(sc, tmp_path, caplog):
     result = json.loads(out.read_text())
     assert 0.0 <= result["accuracy"] <= 1.0, result
     assert result["steps"] == 3 * ((1797 - 1797 // 4) // 2 // 32)  # both workers ran every step together
-    logs = re.findall(r"node (\d) \((?:chief|worker):0\) on \S+: (\S+)", caplog.text)
+    logs = re.findall(r"node (\d) \(worker:\d\) on \S+: (\S+)", caplog.text)  # workers only
     assert sorted(i for i, _ in logs) == ["0", "1"], caplog.text[-2000:]
     for _, path in logs:
         assert os.path.getsize(path) > 0 and oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
@@ -57,14 +57,17 @@ def test_tfos_run_command_exit_code_and_errors(tmp_path):
     reach the driver)."""
     script = tmp_path / "roles.py"
     script.write_text("import json, os, sys, time\n"
+                      "import helper\n"  # a module beside the script: shipped with it
                       "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
-                      "print('role', task['type'], task['index'], 'args', sys.argv[1:], flush=True)\n"
-                      "time.sleep(2 if task['type'] == 'worker' else 0)\n"
-                      "sys.exit(4 if task['type'] == 'worker' else 0)\n")
+                      "print('role', task['type'], task['index'], 'args', sys.argv[1:], helper.WORD, flush=True)\n"
+                      "time.sleep(2 if task['index'] == 1 else 0)\n"
+                      "sys.exit(4 if task['index'] == 1 else 0)\n")
+    (tmp_path / "helper.py").write_text("WORD = 'from-the-sibling'\n")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     out = subprocess.run([sys.executable, "-m", "tfos.run", "--master", "local[2]", "--num-executors", "2",
                           str(script), "--lr", "0.1"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stderr[-3000:]
-    assert "exited with code 4" in out.stderr and "role worker 0 args ['--lr', '0.1']" in out.stderr
-    assert "[chief:0] role chief 0 args ['--lr', '0.1']" in out.stdout, out.stdout[-2000:]
-    assert "[worker:0]" not in out.stdout  # node_output='chief': rank 0's lines only
+    # workers only (the default layout of scripts): worker 1 failed, worker 0 is rank 0
+    assert "exited with code 4" in out.stderr and "role worker 1 args ['--lr', '0.1'] from-the-sibling" in out.stderr
+    assert "[worker:0] role worker 0 args ['--lr', '0.1'] from-the-sibling" in out.stdout, out.stdout[-2000:]
+    assert "[worker:1]" not in out.stdout  # node_output='chief': rank 0's lines only

@@ -50,6 +50,8 @@ RULES: dict[str, tuple[str, ...]] = {
     "tfos.testing": DRIVER + ("tfos.testing",),
     # the package root (its public names are re-exported lazily, by name)
     "tfos": ("tfos.errors", "tfos.topology", "tfos.host.versions"),
+    # migration names: TensorFlowOnSpark's helpers, and MirroredStrategyRunner when first named
+    "tfos.compat": ("tfos.tf.compat", "tfos.cluster.driver.distributor"),
     # TensorFlowOnSpark's module names, each an alias of the module it names
     "tfos.TFManager": ("tfos.feed.node.manager",),
     "tfos.TFParallel": ("tfos.cluster.driver.parallel",),

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TF_MODULES = ("keras_dist", "distribute", "callbacks", "compat")
+TF_MODULES = ("keras_dist", "distribute", "callbacks")
 
 
 def test_old_module_paths_are_the_tfos_tf_modules():
@@ -30,6 +30,12 @@ def test_old_module_paths_are_the_tfos_tf_modules():
     from tfos.tf import keras_dist as tf_keras_dist
 
     assert keras_dist is tf_keras_dist
+    # tfos.compat (migration names, stateless) re-exports the TF helpers and adds MirroredStrategyRunner
+    from tfos import compat
+    from tfos.tf import compat as tf_compat
+
+    for name in ("TFNode", "export_saved_model", "disable_auto_shard", "is_gpu_available"):
+        assert getattr(compat, name) is getattr(tf_compat, name), name
     assert DistributedOptimizer is tf_keras_dist.DistributedOptimizer
     assert _state is tf_keras_dist._state  # module-level state exists once
 

@@ -64,6 +64,28 @@ def choose_gpus(num_gpus: int, spark_addresses: Sequence[str] | None,
     return sorted((g[0] for g in free[:num_gpus]), key=lambda s: (len(s), s))
 
 
+def visible_devices(addresses: Sequence[str], limit: int | None, inherited: str | None) -> list[str]:
+    """Pure: the CUDA device ids a node uses from the GPU ``addresses`` Spark gave its task.
+
+    ``limit`` (None: all) keeps the first ``limit`` of them (0 hides every GPU). When the executor
+    already narrows its devices (``inherited``: its own ``CUDA_VISIBLE_DEVICES``, e.g. from
+    ``spark.executorEnv``), Spark's addresses are indices into that list, and the result names the
+    devices it lists. ConfigError for an address that is not an index, or beyond that list.
+    """
+    chosen = list(addresses) if limit is None or limit < 0 else list(addresses)[:limit]
+    if not chosen or inherited is None or not inherited.strip():
+        return chosen
+    devices = [d.strip() for d in inherited.split(",") if d.strip()]
+    out = []
+    for a in chosen:
+        if not a.isdigit() or int(a) >= len(devices):
+            raise ConfigError(f"Spark assigned GPU address {a!r}, but the executor's CUDA_VISIBLE_DEVICES={inherited!r} "
+                              f"lists {len(devices)} device(s): Spark's addresses must be 0..{len(devices) - 1} "
+                              "(fix the GPU discovery script, or unset CUDA_VISIBLE_DEVICES on the executors)")
+        out.append(devices[int(a)])
+    return out
+
+
 def gpu_environment(gpus: Sequence[str]) -> dict[str, str]:
     """Environment pinning the TF process to ``gpus`` (empty list: hide all GPUs)."""
     return {"CUDA_VISIBLE_DEVICES": ",".join(gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -81,11 +103,14 @@ def _smi_gpus() -> list[tuple[str, int, int]]:
     return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
 
 
-def pick_gpus(num_gpus: int, spark_gpus: Sequence[str]) -> list[str]:
-    """Spark-assigned GPUs, else free GPUs from nvidia-smi claimed under the host-wide lock
+def pick_gpus(num_gpus: int, spark_gpus: Sequence[str], limit: int | None = None) -> list[str]:
+    """Spark-assigned GPUs (the first ``limit``, through this executor's own CUDA_VISIBLE_DEVICES:
+    :func:`visible_devices`), else free GPUs from nvidia-smi claimed under the host-wide lock
     (the claims last as long as this process)."""
+    if limit == 0:
+        return []
     if spark_gpus:
-        return list(spark_gpus)
+        return visible_devices(spark_gpus, limit, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if not num_gpus:
         return []
     me = os.getpid()

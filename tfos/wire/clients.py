@@ -114,6 +114,10 @@ class DriverClient:
     def log_model(self, path: str) -> None:
         self._request(M.LogModel(self.cluster_id, self.node_index, path))
 
+    def send_result(self, tree) -> None:
+        """``tree``: a value as :func:`tfos.wire.values.encode` made it."""
+        self._request(M.NodeResult(self.cluster_id, self.node_index, tree))
+
     def node_failure(self, node_index: int, wait: float) -> str:
         """The driver's account of ``node_index``'s failure (it waits up to ``wait`` s, at most
         10), or "" when it knows of none."""

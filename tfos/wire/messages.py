@@ -95,6 +95,7 @@ class ClusterConfig:
     checkpoint_dir: str = ""  # ctx.checkpoint_dir: the same on every attempt
     node_output: str = "chief"  # whose printed lines reach the driver's console: chief (rank 0), all, none
     versions: dict[str, str] = field(default_factory=dict)  # the driver's tfos and TensorFlow (executors compare)
+    gpus_per_node: tuple[int, ...] = ()  # by node index: how many of its task's GPUs it uses (-1 or absent: all)
 
 
 @message
@@ -248,6 +249,13 @@ class LogModel:  # TF process -> driver: ctx.log_model(path), the model to log w
     cluster_id: str
     node_index: int
     path: str
+
+
+@message
+class NodeResult:  # TF process -> driver: what main_fun returned (TFDistributor), as tfos.wire.values made it
+    cluster_id: str
+    node_index: int
+    value: Any
 
 
 @message

@@ -152,7 +152,9 @@ class NodeAgent:
     def run(self) -> int:
         cfg = self.cfg
         try:
-            gpus = pick_gpus(cfg.cluster.num_gpus, cfg.spark_gpus)
+            limits = cfg.cluster.gpus_per_node
+            gpus = pick_gpus(cfg.cluster.num_gpus, cfg.spark_gpus,
+                             limits[cfg.node_index] if cfg.node_index < len(limits) else None)
             if cfg.cluster.key.encrypt:
                 self.tunnel = NodeTunnel(cfg, tunnel_netns(cfg.cluster.env, os.environ))
                 self.tunnel.start()

@@ -99,7 +99,7 @@ class TFCluster:
                 restart_backoff: float = 5.0, checkpoint_dir: str | None = None,
                 preimport_tensorflow: bool = True, stall_timeout: float | None = 300,
                 node_output: str | None = "chief", encrypt: bool | None = None,
-                allow_unprotected: bool = False) -> "TFCluster":
+                allow_unprotected: bool = False, gpus_per_node=None) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         ``sc``: a SparkContext, a SparkSession, or a Spark Connect SparkSession (then the data
@@ -142,6 +142,10 @@ class TFCluster:
         ``tensorboard_host`` (default 127.0.0.1): where TensorBoard listens; name an address of the
         driver to show it to other machines (it has no authentication).
 
+        ``gpus_per_node``: how many of the GPUs Spark assigned its task each node uses (a count for
+        all, or one per node; 0 hides them, None uses all). Spark's GPU addresses are read through
+        the executor's own ``CUDA_VISIBLE_DEVICES`` when it sets one.
+
         ``preimport_tensorflow``: each TF process imports TensorFlow in a background thread once
         it has registered, while it waits for the other nodes, so main_fun starts with TF loaded.
         TF then reads its import-time environment before main_fun runs: put such settings
@@ -181,7 +185,7 @@ class TFCluster:
         config = cluster_config(address, roles, reservation_timeout, log_dir, spark.default_fs(), num_gpus, env,
                                 release_port, preimport_tensorflow, heartbeat_interval, heartbeat_timeout,
                                 stop_grace_secs, timeline, report_interval, mlflow or mlflow_run is not None,
-                                checkpoint_dir, node_output, encrypt=encrypted)
+                                checkpoint_dir, node_output, encrypt=encrypted, gpus_per_node=gpus_per_node)
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         cluster = cls(spark, roles, backend_obj, config, default_mode, timeline, progress, address)
         cluster.supervisor.max_restarts = max_restarts
@@ -227,15 +231,18 @@ class TFCluster:
 
     @classmethod
     def run_script(cls, sc, script: str, argv=(), num_executors: int = 1, num_ps: int = 0, *,
-                   master_node: str | None = "chief", timeout: float = 259200, grace_secs: float = 5,
+                   master_node: str | None = None, timeout: float = 259200, grace_secs: float = 5,
                    **kwargs) -> None:
         """Run an unchanged TF script (one that reads ``TF_CONFIG``, as written for a plain
         multi-worker setup) on ``num_executors`` executors, the way TorchDistributor runs torchrun
         scripts; returns when every chief/worker copy exited with code 0.
 
-        The driver reads ``script`` and sends it along, so it need not exist on the executors
-        (the modules it imports must). Each node runs ``python -u script *argv`` with its role's
-        ``TF_CONFIG``; the output goes into the node logs. A non-zero exit raises NodeFailedError
+        The driver reads ``script`` and the ``.py`` modules beside it and sends them along, so
+        they need not exist on the executors (installed packages must). Each node runs ``python -u
+        script *argv`` from a copy of that folder with its role's ``TF_CONFIG``; the output goes
+        into the node logs. The layout is workers only (``master_node=None``), what TensorFlow's
+        multi-worker tutorials expect: they size the global batch by ``len(cluster['worker'])``;
+        ``master_node='chief'`` adds a chief. A non-zero exit raises NodeFailedError
         naming the node, the exit code and the script's last lines. ``timeout`` bounds the wait
         for the trainers (shutdown's timeout); ``kwargs`` go to :meth:`reserve` (``num_gpus``,
         ``env``, ``eval_node``, ``reservation_timeout``, ...). InputMode.TENSORFLOW.
@@ -307,6 +314,12 @@ class TFCluster:
     def nodes(self) -> list[dict]:
         """Registered node descriptions (node_index, job_name, task_index, host, ports, pid)."""
         return self.registry.node_dicts()
+
+    @property
+    def results(self) -> dict[int, object]:
+        """What nodes handed over with ``ctx.send_result(value)`` in the current attempt, by node index."""
+        with self.registry.cond:
+            return dict(self.registry.results)
 
     def metrics(self) -> dict[int, dict]:
         """Latest values each node sent with ``ctx.report(...)``, by node index."""

@@ -21,6 +21,7 @@ from tfos.cluster.driver.lifecycle import agent_lost, exit_reason, shows_progres
 from tfos.cluster.driver.rendezvous import RendezvousStore
 from tfos.errors import NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
 from tfos.wire import messages as M
+from tfos.wire import values
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class NodeRegistry:
         self.on_history = None  # (node_index, [ctx.report entries]) -> None: the MLflow run's metrics
         self.on_output = None  # (node_index, [printed lines]) -> None: the driver's console
         self.model_paths: dict[int, str] = {}  # ctx.log_model(path), by node
+        self.results: dict[int, object] = {}  # what main_fun returned (ctx.send_result), by node, this attempt
         self.stack_request = 0  # the latest request for every TF process's stacks (0: none yet)
         self.gathers: dict[str, dict[int, int]] = {}  # all-gather key -> {training rank: value}
         self.store = RendezvousStore()  # Gloo's rendezvous (tfos.tf.gloo.DriverStore); emptied per attempt
@@ -218,6 +220,7 @@ class NodeRegistry:
             self.abort_reason = None
             self.backend_config = None
             self.gathers = {}
+            self.results = {}
             self.store.clear()
             self.cond.notify_all()
         return True
@@ -421,6 +424,13 @@ class NodeRegistry:
         with self.cond:
             self.node(msg.node_index)  # a known node
             self.model_paths[msg.node_index] = msg.path
+        return M.Ack()
+
+    def on_node_result(self, msg: M.NodeResult):
+        value = values.decode(msg.value)  # ProtocolError: the node gets an ErrorReply, nothing is stored
+        with self.cond:
+            self.node(msg.node_index)  # a known node
+            self.results[msg.node_index] = value
         return M.Ack()
 
     # -- liveness (monitor thread)

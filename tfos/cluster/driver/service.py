@@ -31,6 +31,7 @@ class ControlService:
             M.NodeExited: registry.on_node_exited,
             M.Report: registry.on_report,
             M.LogModel: registry.on_log_model,
+            M.NodeResult: registry.on_node_result,
             M.GetNodeFailure: registry.on_get_node_failure,
             M.AssignChunk: scheduler.on_assign,
             M.FeedTerminated: scheduler.on_terminated,

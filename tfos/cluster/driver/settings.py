@@ -53,7 +53,7 @@ def seconds(name: str, value, allow_zero: bool = False) -> float:
 def cluster_config(address, roles, reservation_timeout, log_dir, default_fs, num_gpus, env, release_port,
                    preimport_tensorflow, heartbeat_interval, heartbeat_timeout, stop_grace_secs, timeline,
                    report_interval, metric_history, checkpoint_dir, node_output="chief", *,
-                   encrypt: bool = False) -> M.ClusterConfig:
+                   encrypt: bool = False, gpus_per_node=None) -> M.ClusterConfig:
     """The new cluster's configuration from reserve()'s arguments: a fresh id and secret (its
     channels encrypted when ``encrypt``), durations checked (:func:`seconds`), ``checkpoint_dir``
     defaulting to ``<log_dir>/checkpoint``."""
@@ -70,7 +70,24 @@ def cluster_config(address, roles, reservation_timeout, log_dir, default_fs, num
         timeline=bool(timeline), report_interval=seconds("report_interval", report_interval),
         metric_history=bool(metric_history),
         checkpoint_dir=checkpoint_dir or log_dir.rstrip("/") + "/checkpoint", node_output=output_setting(node_output),
-        versions=local_versions())
+        versions=local_versions(), gpus_per_node=gpus_per_node_setting(gpus_per_node, len(roles)))
+
+
+def gpus_per_node_setting(value, num_nodes: int) -> tuple[int, ...]:
+    """reserve()'s ``gpus_per_node`` (None, a count for every node, or one count per node) as the
+    nodes get it: -1 for "every GPU Spark assigned", else how many of them; ConfigError otherwise."""
+    if value is None:
+        return ()
+    counts = [value] * num_nodes if isinstance(value, int) and not isinstance(value, bool) else value
+    try:
+        counts = list(counts)
+    except TypeError:
+        counts = None
+    if (counts is None or len(counts) != num_nodes
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < -1 for c in counts)):
+        raise ConfigError(f"gpus_per_node must be a count >= 0 (or -1: all) for every node, or a list of "
+                          f"{num_nodes} such counts, got {value!r}")
+    return tuple(counts)
 
 
 #: reserve(node_output=...): whose printed lines reach the driver's console

@@ -40,7 +40,7 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
     """Return the mapPartitions function of the reservation barrier stage."""
 
     def bootstrap(_iterator):
-        from pyspark import BarrierTaskContext, cloudpickle
+        from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
         i = ctx.partitionId()
@@ -50,28 +50,41 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
         if mismatch:  # before any node starts: a wire or import error later would say something else
             raise ConfigError(mismatch)
         res = ctx.resources()
-        ndir = private.fresh_dir(private.private_dir(cluster.cluster_id), f"node-{i}")
-        fn_path = os.path.join(ndir, "main_fun.pkl")
-        private.write_private_file(fn_path, cloudpickle.dumps((main_fun, tf_args, node_hooks)))
-        job, task_index = cluster.roles[i]
-        node_cluster = cluster
-        if not cluster.default_fs:  # a Spark Connect client could not ask the driver: this host's Hadoop config
-            from tfos.data.fs import hadoop_default_fs
-
-            node_cluster = dataclasses.replace(cluster, default_fs=hadoop_default_fs())
-        cfg = M.NodeConfig(cluster=node_cluster, node_index=i, job_name=job, task_index=task_index, host=node_host,
-                           node_dir=ndir, fn_path=fn_path, working_dir=os.getcwd(), python=sys.executable,
-                           sys_path=tuple(p for p in sys.path if p),
-                           spark_gpus=tuple(res["gpu"].addresses) if "gpu" in res else (),
-                           jvm_pid=processes.jvm_ancestor())
-        proc = launch_agent(cfg)
-        status = wait_started(proc, timeout=cluster.reservation_timeout, ndir=ndir)
-        if cluster.input_mode == InputMode.TENSORFLOW:
-            proc.wait()  # the agent's own watchdogs bound its life (driver heartbeat, executor JVM)
-        yield f"node {i} on {node_host}: {status}"
+        spark_gpus = tuple(res["gpu"].addresses) if "gpu" in res else ()
+        yield from start_node(cluster, (main_fun, tf_args, node_hooks), i, node_host, spark_gpus,
+                              processes.jvm_ancestor())
 
     bootstrap.cluster = cluster  # what the stage was made for (tfos.testing.fake_spark reads it)
+    bootstrap.program = (main_fun, tf_args, node_hooks)  # what local_mode runs without Spark (driver.local)
     return bootstrap
+
+
+def start_node(cluster: M.ClusterConfig, program, i: int, node_host: str, spark_gpus=(), jvm_pid=None,
+               started=None):
+    """Start node ``i``'s agent on this host and yield its status line: in InputMode.TENSORFLOW
+    once the agent exited (the caller's slot is held meanwhile), else once it started. ``program``
+    is ``(main_fun, tf_args, node_hooks)``; ``started(proc)`` is told the agent's process."""
+    from pyspark import cloudpickle
+
+    ndir = private.fresh_dir(private.private_dir(cluster.cluster_id), f"node-{i}")
+    fn_path = os.path.join(ndir, "main_fun.pkl")
+    private.write_private_file(fn_path, cloudpickle.dumps(tuple(program)))
+    job, task_index = cluster.roles[i]
+    node_cluster = cluster
+    if not cluster.default_fs:  # a Spark Connect client could not ask the driver: this host's Hadoop config
+        from tfos.data.fs import hadoop_default_fs
+
+        node_cluster = dataclasses.replace(cluster, default_fs=hadoop_default_fs())
+    cfg = M.NodeConfig(cluster=node_cluster, node_index=i, job_name=job, task_index=task_index, host=node_host,
+                       node_dir=ndir, fn_path=fn_path, working_dir=os.getcwd(), python=sys.executable,
+                       sys_path=tuple(p for p in sys.path if p), spark_gpus=tuple(spark_gpus), jvm_pid=jvm_pid)
+    proc = launch_agent(cfg)
+    if started is not None:
+        started(proc)
+    status = wait_started(proc, timeout=cluster.reservation_timeout, ndir=ndir)
+    if cluster.input_mode == InputMode.TENSORFLOW:
+        proc.wait()  # the agent's own watchdogs bound its life (driver heartbeat, executor JVM)
+    yield f"node {i} on {node_host}: {status}"
 
 
 def arrow_bootstrap(bootstrap):

@@ -127,6 +127,16 @@ class NodeContext:
         self.reporter.flush()
         self.reporter.driver.log_model(self.absolute_path(path))
 
+    def send_result(self, value) -> None:
+        """Hand ``value`` to the driver as this node's result (``cluster.results``; TFDistributor
+        returns rank 0's). It crosses without pickle (:mod:`tfos.wire.values`): numbers, strings,
+        bytes, numpy arrays and lists/tuples/dicts of them; ConfigError names anything else."""
+        from tfos.wire import values
+
+        tree = values.encode(value, f"the result of rank {self.rank}")
+        self.reporter.flush()
+        self.reporter.driver.send_result(tree)
+
     def trace(self, name: str, cat: str = "step", **args):
         """Context manager recording a span on the cluster timeline (``timeline=`` on reserve)."""
         return self.reporter.trace(name, cat, **args)

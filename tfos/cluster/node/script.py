@@ -32,11 +32,13 @@ EXIT_WAIT_SECS = 60.0
 
 @dataclasses.dataclass(frozen=True)
 class Script:
-    """The script as the driver read it: it need not exist on the executors."""
+    """The script as the driver read it, with the Python modules beside it (``siblings``: name and
+    source, e.g. a tutorial's ``mnist_setup.py``): none of them need exist on the executors."""
 
     name: str
     source: bytes
     argv: tuple = ()
+    siblings: tuple = ()
 
 
 def script_command(python: str, path: str, argv) -> list[str]:
@@ -46,7 +48,11 @@ def script_command(python: str, path: str, argv) -> list[str]:
 
 def run_script(script: Script, ctx) -> None:
     """main_fun of ``TFCluster.run_script``: run ``script`` to its end on this node."""
-    path = os.path.join(ctx.node_dir, "script-" + (os.path.basename(script.name) or "main.py"))
+    folder = os.path.join(ctx.node_dir, "script")  # the script's own folder, as on the driver: siblings import
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    for name, source in script.siblings:
+        private.write_private_file(os.path.join(folder, os.path.basename(name)), source)
+    path = os.path.join(folder, os.path.basename(script.name) or "main.py")
     private.write_private_file(path, script.source)
     cmd = script_command(sys.executable, path, script.argv)
     logger.info("node %d (%s:%d) runs %s", ctx.node_index, ctx.job_name, ctx.task_index, " ".join(cmd))

@@ -1,7 +1,7 @@
 # Sourced by the scripts: create (once per machine) and activate the project's virtualenv with the
 # extras given in $TFOS_EXTRAS. The environment lives in this user's cache, keyed by the Python
 # version, the extras and $TFOS_PINS, so a fresh clone on the same machine reuses it; a change of
-# setup.py installs what is missing into it; .venv in the clone links to it. tfos itself is
+# pyproject.toml installs what is missing into it; .venv in the clone links to it. tfos itself is
 # installed editable from the clone that uses the environment (re-pointed when another clone
 # takes it). $TFOS_VENV names an environment of your own instead.
 set -euo pipefail
@@ -19,8 +19,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-# setup.py decides what is installed: a change installs what is missing into the same environment
-STAMP="$VENV/.tfos-installed-$(sha1sum "$ROOT/setup.py" | cut -c1-12)"
+# pyproject.toml decides what is installed: a change installs what is missing into the same environment
+STAMP="$VENV/.tfos-installed-$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" | sha1sum | cut -c1-12)"
 if [ ! -f "$STAMP" ]; then
   # $TFOS_PINS: exact versions installed first (e.g. torch==2.13.0), so the extras' ranges are met by them
   if [ -n "$PINS" ]; then

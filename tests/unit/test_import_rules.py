@@ -47,6 +47,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "tfos.feed.driver": DRIVER,
     "tfos.ml": DRIVER + ("tfos.ml", "tfos.InputMode", "tfos.TFCluster"),
     "tfos.run": DRIVER,
+    "tfos.cli": DRIVER + ("tfos.run", "tfos.testing"),  # the tfos command (its builds run as children)
     "tfos.testing": DRIVER + ("tfos.testing",),
     # the package root (its public names are re-exported lazily, by name)
     "tfos": ("tfos.errors", "tfos.topology", "tfos.host.versions"),

@@ -163,10 +163,10 @@ def test_tfparallel_refuses_a_bad_count():
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["train.py"], ("train.py", [], 1, 0, "chief")),
+    (["train.py"], ("train.py", [], 1, 0, "none")),  # workers only: what TF's tutorials expect
     (["--num-executors", "4", "--num-ps", "1", "t.py", "--epochs", "3", "--num-ps", "9"],
-     ("t.py", ["--epochs", "3", "--num-ps", "9"], 4, 1, "chief")),
-    (["--master-node", "none", "--env", "A=b=c", "t.py"], ("t.py", [], 1, 0, "none")),
+     ("t.py", ["--epochs", "3", "--num-ps", "9"], 4, 1, "none")),
+    (["--master-node", "chief", "--env", "A=b=c", "t.py"], ("t.py", [], 1, 0, "chief")),
 ])
 def test_tfos_run_arguments(argv, expected):
     """Everything after the script belongs to the script, even options tfos.run also has."""

@@ -44,17 +44,12 @@ logger = logging.getLogger(__name__)
 CHUNK_BYTES = 16 << 20
 
 #: Gloo threads per process: each runs one collective at a time, so this many of a step's
-#: collectives travel at once (torch's default is 2). A step's four gradients on 2 ranks ran at
-#: 0.97-1.12x torch's one all-reduce of their total size with 4, against 0.85-0.97x with 2, on the
-#: same ranks in the same run (bench/README, all-reduce); on 3 ranks the two were within noise.
+#: collectives travel at once (torch's default is 2; bench/README, "Constants": Gloo threads).
 THREADS = 4
 
 #: On 2 ranks a tensor of at least twice this many bytes goes to Gloo as several collectives on its
-#: parts (:func:`split_count`), which Gloo's THREADS run at once: torch's own all-reduce of 16 / 64
-#: MiB on 2 ranks ran 1.14 / 1.20x faster as 4 parts than whole, 2 parts gained less, 8 lost (this
-#: machine). A 2-rank ring is one exchange, with nothing to overlap the sending and the summing but
-#: other collectives; from 3 ranks on the ring pipelines its own segments, and parts measured
-#: 0.94-1.01x of whole (bench/README, all-reduce).
+#: parts (:func:`split_count`), which Gloo's THREADS run at once: a 2-rank ring is one exchange with
+#: nothing to overlap but other collectives (bench/README, "Constants": all-reduce pieces).
 PIECE_BYTES = 4 << 20
 
 #: dtypes Gloo sums natively; other float dtypes are summed as float32.
@@ -232,7 +227,7 @@ class Group:
             works.append(ws)
         self._wait([w for ws in works for w in ws], "all-reduce")
         # averaged once every collective is done: scaling one result while the next travel competes
-        # with Gloo for the cores and measured slower (bench/README, all-reduce)
+        # with Gloo for the cores (bench/README, "Constants": all-reduce pieces)
         for x, dst, avg in zip(xs, dsts, average):
             if avg and self.size > 1 and dst.size:
                 if x.dtype.is_floating:

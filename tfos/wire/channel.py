@@ -338,9 +338,8 @@ class Channel:
         :meth:`_recv_exact`), placed so that the record batch's body starts 64-byte aligned: the
         body's column buffers then become numpy arrays that TensorFlow uses without copying them
         (Arrow pads buffers to 8 bytes only, and the body follows metadata of any length). The
-        buffers come from the system allocator, which the TF process tunes to reuse memory: a
-        frame that TF holds while tf.data uses it and frees on its own threads measured slower
-        from Arrow's default pool (bench/README, feed). Each buffer keeps a record tag's room
+        buffers come from the system allocator, which the TF process tunes to reuse memory (not
+        Arrow's default pool: bench/README, "Constants": receive buffers). Each buffer keeps a record tag's room
         beyond the frame, so that encrypted records are opened where they land."""
         import pyarrow as pa
 

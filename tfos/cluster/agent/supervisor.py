@@ -46,10 +46,9 @@ def tf_process_command(python: str) -> list[str]:
     return [python, "-u", "-m", TF_PROCESS_MODULE]
 
 
-#: glibc malloc settings for the TF process. Feed chunks and tensors are MiB-sized buffers that
-#: glibc by default maps and unmaps (or trims) on every allocation, so each new one page-faults
-#: its memory in again; measured with bench/feed_consumer.py, keeping freed memory for reuse made
-#: feed.dataset() about 4x and feed.batches() about 1.5x faster. The cost: RSS stays at its peak.
+#: glibc malloc settings for the TF process: feed chunks and tensors are MiB-sized buffers that glibc
+#: would otherwise map and unmap (each new one page-faulting its memory in again); keeping freed memory
+#: for reuse costs RSS at its peak (bench/README, "Constants": malloc).
 MALLOC_DEFAULTS = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(512 << 20),
                    "MALLOC_TOP_PAD_": str(64 << 20)}
 
@@ -63,11 +62,9 @@ def malloc_environment(env) -> dict[str, str]:
     return dict(MALLOC_DEFAULTS)
 
 
-#: TensorFlow's own settings for the TF process: its BFC allocator for host memory, which keeps and
-#: reuses freed tensor memory. TF's default CPU allocator takes every tensor from malloc, and on
-#: this kind of VM a fresh 64 MiB tensor (tf.concat, tf.cast, a copy) then costs ~45 ms of page
-#: faults against ~12 ms reused: bench/allreduce.py's Gloo all-reduce went from 0.56x to 0.77x
-#: the torch reference. The cost, as with malloc: the process's RSS stays at its peak.
+#: TensorFlow's own settings for the TF process: its BFC allocator for host memory, which reuses freed
+#: tensor memory instead of page-faulting each fresh tensor in; RSS stays at its peak (bench/README,
+#: "Constants": TF's allocator).
 TF_ALLOCATOR_DEFAULTS = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 

@@ -25,10 +25,8 @@ from tfos.wire.clients import DriverClient, FeedClient
 logger = logging.getLogger(__name__)
 
 #: A chunk (one data frame, one scheduling decision, one tf.data element of dataset()) holds about
-#: this many bytes. Every chunk costs a driver assignment, a frame and, in the TF process, a Python
-#: call into tf.data; at 16 MiB against 4 MiB a feed of 784-float rows ran at 1.02-1.31x the rows/s
-#: into dataset() and 1.06-1.26x into batches() on 2 executors (two runs), and at 24-32 MiB no faster
-#: (bench/README, feed: chunk size). The hub's queue holds 4 chunks per rank.
+#: this many bytes: every chunk costs a driver assignment, a frame and a Python call into tf.data
+#: (bench/README, "Constants": chunk size). The hub's queue holds 4 chunks per rank.
 TARGET_CHUNK_BYTES = 16 * 1024 * 1024
 #: chunks hold a multiple of this many rows: every column of 4-byte or wider values is then a
 #: multiple of 64 bytes long, so each column after the first starts 64-byte aligned in the data

@@ -27,9 +27,7 @@ def _concatenate(parts):
     (wire.channel): TensorFlow takes an aligned array as it is and copies an unaligned one (a batch
     that spans two chunks). From the system allocator, as the frames are, which the TF process's
     malloc settings keep in the heap for reuse (``agent.supervisor.memory_environment``): under
-    ``dataset()`` TF frees the join on its own threads, and from Arrow's default pool that made
-    ``dataset(1024)`` 0.75-0.81x ``batches(1024)`` against 0.91-1.04x (bench/README, feed: by batch
-    size)."""
+    ``dataset()`` TF frees the join on its own threads (bench/README, "Constants": receive buffers)."""
     if parts[0].dtype == object:
         return np.concatenate(parts)
     shape = (sum(len(p) for p in parts),) + parts[0].shape[1:]
@@ -394,8 +392,8 @@ class DataFeed:
                     return tuple(tf.cast(v, dtypes[j]) if j in dtypes else v for j, v in enumerate(structure))
                 return tf.cast(structure, dtypes[0]) if 0 in dtypes else structure
             ds = ds.map(lambda first, second: (cast(first), cast(second)))
-        # an item's parts (k, rows, ...) -> their batches (rows, ...): sliced by from_tensor_slices, several
-        # times faster per batch than Dataset.unbatch here (bench/README: the feed's consumer side)
+        # an item's parts (k, rows, ...) -> their batches (rows, ...): sliced by from_tensor_slices, faster
+        # than Dataset.unbatch (bench/README, "Constants": unbatching)
         ds = ds.flat_map(lambda first, second: tf.data.Dataset.from_tensor_slices(first).concatenate(
             tf.data.Dataset.from_tensor_slices(second))).prefetch(tf.data.AUTOTUNE)
         from tfos.data.datasets import no_autoshard

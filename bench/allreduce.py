@@ -30,7 +30,7 @@ For each tensor size (float32, default 16, 64 and 256 MiB) and rank count, in ON
 Algorithm bandwidth = tensor bytes / seconds per all-reduce. Prints a table per rank count and
 the ratios of tfos gloo to the torch reference and to MWMS RING.
 Run: bash scripts/bench.sh allreduce [--sizes 16M,64M,256M] [--ranks 2,3] [--hvd-python PATH]
-Workers run with the environment tfos's agent gives a TF process (tfos.cluster.agent.supervisor).
+Workers run with the environment tfos's agent gives a TF process (tfos.cluster.agent.node_agent).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def iterations(size: int) -> int:
 def tf_process_env() -> dict:
     """The environment the tfos agent adds for a TF process (malloc and allocator settings)."""
     sys.path.insert(0, ROOT)
-    from tfos.cluster.agent.supervisor import memory_environment
+    from tfos.cluster.agent.node_agent import memory_environment
 
     return memory_environment(os.environ)
 

@@ -36,7 +36,7 @@ ROW_BYTES = 784 * 4 + 8
 def make_chunk(rows: int):
     import pyarrow as pa
 
-    from tfos.feed import arrow
+    from tfos.wire import arrow
 
     rng = np.random.default_rng(0)
     x = rng.random((rows, 784), dtype=np.float32)
@@ -151,7 +151,7 @@ def with_tf_process_environment() -> None:
     """Re-run this script with the environment tfos's agent gives a TF process (malloc settings that
     keep the feed's buffers in the heap for reuse: without them every chunk-sized allocation is a
     fresh mmap that page-faults), unless it already has it."""
-    from tfos.cluster.agent.supervisor import memory_environment
+    from tfos.cluster.agent.node_agent import memory_environment
 
     extra = memory_environment(os.environ)
     if any(os.environ.get(k) != v for k, v in extra.items()):

@@ -152,7 +152,7 @@ def connect(args) -> None:
         for encrypt in ((False, True) if r % 2 else (True, False)):
             registry = NodeRegistry("c", [("chief", 0)])
             key = new_key(encrypt)
-            service = ControlService(registry, FeedScheduler(registry, [0]), key, "127.0.0.1").start()
+            service = ControlService(registry, FeedScheduler(registry, [0]).handlers(), key, "127.0.0.1").start()
             try:
                 client = DriverClient("127.0.0.1", service.port, key, "c", 0)
                 client.heartbeat()  # warm
@@ -200,7 +200,7 @@ def channel(args) -> None:
 
     import numpy as np
 
-    from tfos.feed import arrow
+    from tfos.wire import arrow
     from tfos.wire import channel as C
 
     def pair(encrypt):

@@ -77,7 +77,7 @@ def tensorflow_imported_only_when_main_fun_does():
     real job, main_fun then starts with TF loaded). Most tests' main_funs never touch TF, and the
     import costs each node seconds of these 2 cores: here the default is off, so a TF process
     imports TF when main_fun does. Tests of the pre-import pass preimport_tensorflow themselves."""
-    from tfos.cluster.driver.api import TFCluster
+    from tfos.api import TFCluster
 
     defaults = TFCluster.reserve.__func__.__kwdefaults__
     before = defaults["preimport_tensorflow"]

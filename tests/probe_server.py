@@ -20,7 +20,7 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     key = new_key(len(sys.argv) > 2 and sys.argv[2] == "1")
     registry = NodeRegistry("probe", [("chief", 0), ("worker", 0)])
-    control = ControlService(registry, FeedScheduler(registry, [0, 1]), key, "127.0.0.1").start()
+    control = ControlService(registry, FeedScheduler(registry, [0, 1]).handlers(), key, "127.0.0.1").start()
     hub = FeedHub(key).start()
     queue = hub.queue("input")
 

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         return 0
     from pyspark.sql import SparkSession
 
-    from tfos.cluster.driver.api import TFCluster
+    from tfos.api import TFCluster
     from tfos.errors import TFOSError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

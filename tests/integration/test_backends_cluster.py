@@ -70,7 +70,7 @@ def mwms_fp16_main(args, ctx):
     from tfos.distribute import allreduce_gradients
 
     strategy = ctx.strategy()
-    from tfos.tf import distribute
+    from tfos import distribute
 
     assert (distribute._gloo is not None) == (args["implementation"] == "gloo")
     x, y = digits_tf.load_csv(sorted(glob.glob(os.path.join(args["data"], "train-*.csv")))[ctx.rank::ctx.num_workers])

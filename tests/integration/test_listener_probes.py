@@ -17,7 +17,7 @@ from tfos.feed.driver.scheduler import FeedScheduler
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.service import ControlService
 from tfos.errors import FeedError, RequestRefused
-from tfos.feed import arrow
+from tfos.wire import arrow
 from tfos.wire import channel as C
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient, FeedClient
@@ -137,7 +137,7 @@ def test_handshake_has_one_deadline_against_a_slow_drip(server):
 def control(request):
     registry = NodeRegistry("cid", [("chief", 0), ("worker", 0)])
     key = C.new_key(request.param)
-    service = ControlService(registry, FeedScheduler(registry, [0, 1]), key, "127.0.0.1").start()
+    service = ControlService(registry, FeedScheduler(registry, [0, 1]).handlers(), key, "127.0.0.1").start()
     yield registry, key, service
     service.stop()
 

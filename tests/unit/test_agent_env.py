@@ -12,7 +12,7 @@ import pytest
     ({"LD_PRELOAD": ""}, True),
 ])
 def test_malloc_environment_of_the_tf_process(env, added):
-    from tfos.cluster.agent.supervisor import MALLOC_DEFAULTS, malloc_environment
+    from tfos.cluster.agent.node_agent import MALLOC_DEFAULTS, malloc_environment
 
     assert malloc_environment(env) == (MALLOC_DEFAULTS if added else {})
 
@@ -24,7 +24,7 @@ def test_malloc_environment_of_the_tf_process(env, added):
     ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2", "TF_CPU_ALLOCATOR_USE_BFC": ""}, set()),
 ])
 def test_memory_environment_of_the_tf_process(env, expected):
-    from tfos.cluster.agent.supervisor import memory_environment
+    from tfos.cluster.agent.node_agent import memory_environment
 
     added = memory_environment(env)
     assert set(added) == expected
@@ -40,7 +40,7 @@ def test_memory_environment_of_the_tf_process(env, expected):
     ({"LOG_DIRS": "/d1/logs/c2,/d2/logs/c2"}, "/d1/logs/c2/tfos-node-3.log"),
 ])
 def test_the_node_log_goes_to_the_yarn_container_log_dir_or_the_kept_logs(env, expected):
-    from tfos.cluster.agent.supervisor import node_log_path
+    from tfos.cluster.agent.node_agent import node_log_path
 
     assert node_log_path("/tmp/n", 3, env) == expected
 
@@ -49,7 +49,7 @@ def test_kept_logs_keep_the_newest_clusters(tmp_path, monkeypatch):
     import os
     import tempfile
 
-    from tfos.cluster.agent import supervisor as S
+    from tfos.cluster.agent import node_agent as S
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(S, "KEEP_CLUSTER_LOGS", 3)

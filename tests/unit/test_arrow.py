@@ -1,11 +1,11 @@
-"""tfos.feed.arrow: rows <-> Arrow batches and the Arrow -> numpy column converter (pure, no Spark)."""
+"""tfos.wire.arrow: rows <-> Arrow batches and the Arrow -> numpy column converter (pure, no Spark)."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from tfos.errors import ConfigError, FeedError
-from tfos.feed import arrow as A
+from tfos.wire import arrow as A
 from tfos.wire import channel as C
 
 

@@ -109,14 +109,14 @@ def test_estimator_defaults_and_refusals():
     ({"dense": ("float16", 3)}, "cout array<array<double>>"),
 ])
 def test_model_output_types_follow_the_signature(described, expected):
-    from tfos.ml.pipeline import _output_schema
+    from tfos.pipeline import _output_schema
 
     schema = _output_schema(described, [("dense", "cout")])
     assert ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields) == expected
 
 
 def test_model_output_mapping_must_name_signature_outputs():
-    from tfos.ml.pipeline import _output_schema
+    from tfos.pipeline import _output_schema
 
     with pytest.raises(ConfigError, match="signature's outputs are"):
         _output_schema({"dense": ("float32", 2)}, [("logits", "cout")])
@@ -150,7 +150,7 @@ def test_dfutil_example_conversions_round_trip():
                                           ({"spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "500ms",
                                             "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "4"}, 2.0)])
 def test_tfparallel_waits_as_long_as_sparks_barrier_check(conf, seconds):
-    from tfos.cluster.driver.parallel import barrier_check_seconds
+    from tfos.cluster.driver.tfparallel import barrier_check_seconds
 
     assert barrier_check_seconds(conf.get) == seconds
 
@@ -186,7 +186,7 @@ def test_tfos_run_refuses_bad_arguments(argv):
 
 
 def test_script_command():
-    from tfos.cluster.node.script import script_command
+    from tfos.cluster.node.script_process import script_command
 
     assert script_command("/py", "/d/script-t.py", ["--a", 1]) == ["/py", "-u", "/d/script-t.py", "--a", "1"]
 
@@ -198,7 +198,7 @@ def test_script_command():
 ])
 def test_single_node_gpus_as_tensorflowonspark_chose(args, present, expected):
     """tf_args.num_gpus when given, else one GPU if the host has any (TFParallel, single_node_env)."""
-    from tfos.cluster.executor.parallel import requested_gpus
+    from tfos.cluster.executor.instance import requested_gpus
 
     assert requested_gpus(args, present) == expected
 

@@ -10,7 +10,7 @@ import pytest
 
 from tfos import topology as T
 from tfos.host import gpus as G
-from tfos.cluster.agent.supervisor import tf_process_command
+from tfos.cluster.agent.node_agent import tf_process_command
 from tfos.cluster.driver.settings import seconds as _seconds, validate_reserve
 from tfos.feed.driver.scheduler import plan_chunk
 from tfos.cluster.driver.lifecycle import Lifecycle, Phase, allowed
@@ -280,7 +280,7 @@ def test_package_root_loads_neither_driver_nor_pyspark_nor_tensorflow():
 
 
 def test_node_and_agent_packages_do_not_load_driver_modules():
-    for entry in ("tfos.cluster.node.runtime", "tfos.feed.node.datafeed", "tfos.cluster.agent.supervisor", "tfos.feed.executor.producer"):
+    for entry in ("tfos.cluster.node.runtime", "tfos.feed.node.datafeed", "tfos.cluster.agent.node_agent", "tfos.feed.executor.producer"):
         mods = _imported_after(f"import {entry}")
         assert not [m for m in mods if m.startswith(("tfos.cluster.driver", "tensorflow"))], entry
 
@@ -292,7 +292,7 @@ def test_the_driver_api_loads_no_pyarrow_until_data_is_fed():
 
 def test_public_names_resolve_lazily():
     mods = _imported_after("import tfos; tfos.TFCluster; tfos.NodeContext; tfos.DataFeed; tfos.TFNode")
-    assert "tfos.cluster.driver.api" in mods and "tfos.cluster.node.context" in mods
+    assert "tfos.api" in mods and "tfos.cluster.node.context" in mods
 
 
 @pytest.mark.parametrize("value,allow_zero,expected", [(1, False, 1.0), (0.5, False, 0.5), (0, True, 0.0),

@@ -5,7 +5,7 @@ reserve()'s gpus_per_node."""
 
 import pytest
 
-from tfos.cluster.driver.distributor import distributor_nodes, local_gpus, runner_tasks, task_gpu_amount
+from tfos.distributor import distributor_nodes, local_gpus, runner_tasks, task_gpu_amount
 from tfos.cluster.driver.settings import gpus_per_node_setting
 from tfos.errors import ConfigError
 from tfos.host.gpus import visible_devices

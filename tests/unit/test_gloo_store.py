@@ -42,7 +42,7 @@ def test_the_store_bounds_memory():
 def driver():
     registry = NodeRegistry("cid", [("chief", 0), ("worker", 0)])
     key = C.new_key(True)
-    service = ControlService(registry, FeedScheduler(registry, [0, 1]), key, "127.0.0.1").start()
+    service = ControlService(registry, FeedScheduler(registry, [0, 1]).handlers(), key, "127.0.0.1").start()
     yield registry, key, service
     service.stop()
 

@@ -17,50 +17,70 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tfos")
 
-#: The shared layer: messages and channels, roles, errors, host-local state, Arrow framing, the
-#: equal-steps policy, paths, the node tunnel.
-BASE = ("tfos.errors", "tfos.topology", "tfos.wire", "tfos.host", "tfos.feed.arrow", "tfos.feed.uneven",
-        "tfos.data.paths", "tfos.data.fs", "tfos.tunnel")
+#: The shared layer: messages, channels and Arrow frames, roles, errors, host-local state, paths,
+#: the node tunnel, the one lazy loader.
+BASE = ("tfos.errors", "tfos.topology", "tfos.wire", "tfos.host", "tfos.data.paths", "tfos.data.fs",
+        "tfos.data.hadoop_conf", "tfos.tunnel", "tfos.lazy")
 DATA = BASE + ("tfos.data",)
 TF_PROCESS = DATA + ("tfos.cluster.node", "tfos.feed.node")
+TF_HELPERS = TF_PROCESS + ("tfos.tf", "tfos.keras_dist", "tfos.distribute", "tfos.callbacks")
 DRIVER = DATA + ("tfos.backends", "tfos.cluster", "tfos.feed")  # the driver builds what the tasks run
+#: The driver's facade and what is built on it (TFCluster, TFDistributor, Spark ML, the commands).
+FACADE = DRIVER + ("tfos.api",)
 
 RULES: dict[str, tuple[str, ...]] = {
     "tfos.errors": (),
+    "tfos.lazy": (),
     "tfos.topology": ("tfos.errors",),
     "tfos.wire": ("tfos.errors", "tfos.topology", "tfos.wire"),
     "tfos.host": ("tfos.errors", "tfos.host"),
-    "tfos.feed.arrow": ("tfos.errors", "tfos.wire"),
-    "tfos.feed.uneven": ("tfos.errors",),
     "tfos.tunnel": ("tfos.errors", "tfos.wire", "tfos.host", "tfos.tunnel"),  # the node tunnel (agent, TF process)
     "tfos.data": DATA,
-    "tfos.backends": BASE + ("tfos.backends", "tfos.tf"),  # a backend's node hooks use the TF helpers
+    "tfos.data.hadoop_conf": (),  # below fs and hdfs, which both read it
+    "tfos.backends": BASE + ("tfos.backends", "tfos.tf", "tfos.distribute"),  # node hooks use the TF helpers
     # processes that are not the driver
     "tfos.cluster.agent": BASE + ("tfos.cluster.agent",),
     "tfos.cluster.executor": DATA + ("tfos.cluster.executor",),
     "tfos.feed.executor": DATA + ("tfos.feed.executor",),
     "tfos.feed.node": DATA + ("tfos.feed.node",),
     "tfos.cluster.node": TF_PROCESS + ("tfos.backends",),
-    "tfos.tf": TF_PROCESS + ("tfos.tf", "tfos.keras_dist"),  # helpers for main_fun, above the runtime
-    # the driver
-    "tfos.cluster.driver": DRIVER,
+    # helpers for main_fun, above the runtime: the public modules at their documented names and their parts
+    "tfos.tf": TF_HELPERS,
+    "tfos.keras_dist": TF_HELPERS,
+    "tfos.distribute": TF_HELPERS,
+    "tfos.callbacks": TF_HELPERS,
+    # the driver: the cluster below the feed (the feed's jobs and scheduler read the registry), the
+    # facade above both
+    "tfos.cluster.driver": DATA + ("tfos.backends", "tfos.cluster"),
     "tfos.feed.driver": DRIVER,
-    "tfos.ml": DRIVER + ("tfos.ml", "tfos.InputMode", "tfos.TFCluster"),
-    "tfos.run": DRIVER,
-    "tfos.cli": DRIVER + ("tfos.run", "tfos.testing"),  # the tfos command (its builds run as children)
+    "tfos.api": DRIVER,
+    "tfos.distributor": FACADE,
+    "tfos.ml": FACADE + ("tfos.ml", "tfos.InputMode", "tfos.TFCluster"),
+    "tfos.run": FACADE,
+    "tfos.cli": FACADE + ("tfos.run", "tfos.testing"),  # the tfos command (its builds run as children)
     "tfos.testing": DRIVER + ("tfos.testing",),
     # the package root (its public names are re-exported lazily, by name)
-    "tfos": ("tfos.errors", "tfos.topology", "tfos.host.versions"),
-    # migration names: TensorFlowOnSpark's helpers, and MirroredStrategyRunner when first named
-    "tfos.compat": ("tfos.tf.compat", "tfos.cluster.driver.distributor"),
-    # TensorFlowOnSpark's module names, each an alias of the module it names
+    "tfos": ("tfos.errors", "tfos.topology", "tfos.host.versions", "tfos.lazy"),
+    # the migration names, each a module of its own (docs/migration.md §5): TensorFlowOnSpark's
+    # pipeline and dfutil hold their code; TFNode its functions; TFManager, TFParallel and compat
+    # import what they name
+    "tfos.pipeline": FACADE + ("tfos.ml",),
+    "tfos.dfutil": DATA,
+    "tfos.TFNode": TF_PROCESS,
     "tfos.TFManager": ("tfos.feed.node.manager",),
-    "tfos.TFParallel": ("tfos.cluster.driver.parallel",),
+    "tfos.TFParallel": ("tfos.cluster.driver.tfparallel",),
+    "tfos.compat": ("tfos.TFNode", "tfos.tf.compat", "tfos.lazy", "tfos.distributor"),
 }
 #: Modules that run outside the driver: nothing they import, directly or not, may be a driver module.
 NOT_DRIVER = ("tfos.cluster.agent", "tfos.cluster.executor", "tfos.cluster.node", "tfos.feed.executor",
-              "tfos.feed.node", "tfos.tf", "tfos.ml.predictor")
-DRIVER_MODULES = ("tfos.cluster.driver", "tfos.feed.driver")
+              "tfos.feed.node", "tfos.tf", "tfos.keras_dist", "tfos.distribute", "tfos.callbacks", "tfos.TFNode",
+              "tfos.ml.predictor")
+DRIVER_MODULES = ("tfos.cluster.driver", "tfos.feed.driver", "tfos.api", "tfos.distributor")
+#: The packages whose import graph must have no circle (capability first, then the process).
+PACKAGES = ("tfos.cluster.driver", "tfos.cluster.executor", "tfos.cluster.agent", "tfos.cluster.node",
+            "tfos.feed.driver", "tfos.feed.executor", "tfos.feed.node", "tfos.data", "tfos.wire", "tfos.host",
+            "tfos.tunnel", "tfos.backends", "tfos.tf", "tfos.ml", "tfos.api", "tfos.distributor")
+
 
 
 def rule_for(module: str) -> tuple[str, tuple[str, ...]]:
@@ -150,13 +170,15 @@ def test_the_import_rules_hold():
 @pytest.mark.parametrize("module,imported,ok", [
     ("tfos.cluster.node.context", "tfos.feed.node.datafeed", True),
     ("tfos.cluster.node.context", "tfos.cluster.driver.registry", False),  # a TF process importing the driver
-    ("tfos.cluster.agent.supervisor", "tfos.cluster.node.runtime", False),  # the agent never loads the TF runtime
-    ("tfos.feed.node.datafeed", "tfos.tf.keras_dist", False),  # the runtime below the main_fun helpers
+    ("tfos.cluster.agent.node_agent", "tfos.cluster.node.runtime", False),  # the agent never loads the TF runtime
+    ("tfos.feed.node.datafeed", "tfos.keras_dist", False),  # the runtime below the main_fun helpers
     ("tfos.tf.compat", "tfos.feed.node.datafeed", True),
-    ("tfos.data.dfutil", "tfos.cluster.driver.spark", False),  # data is shared: no upward import
-    ("tfos.wire.messages", "tfos.feed.arrow", False),
+    ("tfos.dfutil", "tfos.cluster.driver.spark", False),  # data is shared: no upward import
+    ("tfos.wire.messages", "tfos.data.uneven", False),
+    ("tfos.cluster.driver.service", "tfos.feed.driver.scheduler", False),  # the cluster below the feed
+    ("tfos.data.readers", "tfos.feed.node.datafeed", False),  # data below the feed
     ("tfos.feed.driver.jobs", "tfos.feed.executor.producer", True),  # the driver ships the feeding task
-    ("tfos.ml.pipeline", "tfos.cluster.driver.api", True),
+    ("tfos.pipeline", "tfos.api", True),
 ])
 def test_rule_table(module, imported, ok):
     assert allowed(module, imported) is ok
@@ -174,3 +196,48 @@ def test_a_forbidden_import_is_caught(tmp_path):
     found = violations(str(copy))
     assert any("tfos.cluster.node.reporting" in v and "tfos.cluster.driver.registry" in v for v in found), found
     assert any(v.startswith("tfos.cluster.node.runtime reaches the driver") for v in found), found
+
+
+def package_of(module: str) -> str | None:
+    return max((p for p in PACKAGES if module == p or module.startswith(p + ".")), key=len, default=None)
+
+
+def package_cycles(root: str = ROOT) -> list[list[str]]:
+    """Every circle in the graph of PACKAGES (an edge: a module of one imports a module of another)."""
+    mods = all_modules(root)
+    edges: dict[str, set] = {p: set() for p in PACKAGES}
+    for m, path in mods.items():
+        src = package_of(m)
+        for imp, _ in module_imports(path, m):
+            dst = package_of(imp)
+            if src and dst and src != dst:
+                edges[src].add(dst)
+    cycles, state = [], {}
+
+    def visit(p, stack):
+        state[p] = "open"
+        for q in sorted(edges[p]):
+            if state.get(q) == "open":
+                cycles.append(stack[stack.index(q):] + [q])
+            elif q not in state:
+                visit(q, stack + [q])
+        state[p] = "done"
+
+    for p in PACKAGES:
+        if p not in state:
+            visit(p, [p])
+    return cycles
+
+
+def test_the_packages_import_each_other_without_a_circle():
+    assert package_cycles() == []
+
+
+def test_a_circle_is_caught(tmp_path):
+    import shutil
+
+    copy = tmp_path / "tfos"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "cluster" / "driver" / "service.py"
+    target.write_text(target.read_text() + "\n\ndef _oops():\n    from tfos.feed.driver import scheduler\n")
+    assert ["tfos.cluster.driver", "tfos.feed.driver", "tfos.cluster.driver"] in package_cycles(str(copy))

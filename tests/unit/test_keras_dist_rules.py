@@ -14,30 +14,38 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TF_MODULES = ("keras_dist", "distribute", "callbacks")
 
 
-def test_old_module_paths_are_the_tfos_tf_modules():
-    """tfos.keras_dist & co. are aliases: one module object each, so keras_dist's state is shared."""
+def test_the_public_modules_live_at_their_documented_names():
+    """tfos.keras_dist, tfos.distribute and tfos.callbacks are the modules themselves (their
+    ``__name__`` is what the README says, for IDEs and tracebacks); keras_dist's parts share one
+    process state; the migration names are modules too, with no sys.modules swapping."""
     import importlib
 
     import tfos
     from tfos.keras_dist import DistributedOptimizer, _state
+    from tfos.tf import optimizer, workers
 
     for name in TF_MODULES:
-        new = importlib.import_module(f"tfos.tf.{name}")
-        assert importlib.import_module(f"tfos.{name}") is new, name
-        assert getattr(tfos, name) is new, name
-        assert sys.modules[f"tfos.{name}"] is new, name
-    from tfos import keras_dist
-    from tfos.tf import keras_dist as tf_keras_dist
-
-    assert keras_dist is tf_keras_dist
-    # tfos.compat (migration names, stateless) re-exports the TF helpers and adds MirroredStrategyRunner
-    from tfos import compat
+        module = importlib.import_module(f"tfos.{name}")
+        assert module.__name__ == f"tfos.{name}" and module.__file__.endswith(f"tfos/{name}.py"), name
+        assert getattr(tfos, name) is module and sys.modules[f"tfos.{name}"] is module, name
+    assert not os.path.exists(os.path.join(ROOT, "tfos", "tf", "keras_dist.py"))
+    assert DistributedOptimizer is optimizer.DistributedOptimizer and _state is workers._state
+    for name in ("TFNode", "TFManager", "TFParallel", "pipeline", "dfutil", "compat"):
+        module = importlib.import_module(f"tfos.{name}")
+        assert module.__name__ == f"tfos.{name}", name
+    from tfos import TFNode, compat
     from tfos.tf import compat as tf_compat
 
-    for name in ("TFNode", "export_saved_model", "disable_auto_shard", "is_gpu_available"):
+    assert compat.TFNode is TFNode and callable(TFNode.DataFeed)
+    for name in ("export_saved_model", "disable_auto_shard", "is_gpu_available"):
         assert getattr(compat, name) is getattr(tf_compat, name), name
-    assert DistributedOptimizer is tf_keras_dist.DistributedOptimizer
-    assert _state is tf_keras_dist._state  # module-level state exists once
+
+
+def test_keras_dist_callbacks_load_keras_only_when_named():
+    code = ("import sys; from tfos import keras_dist; assert 'keras' not in sys.modules; "
+            "cb = keras_dist.BroadcastInitialWeights(0); import keras; assert isinstance(cb, keras.callbacks.Callback); "
+            "assert 'BackupAndRestore' in dir(keras_dist)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
 def test_importing_tfos_tf_does_not_import_tensorflow():
@@ -66,7 +74,7 @@ _WORKERS = {"worker": ["w:1", "w:2"]}
     (_MASTER_WORKERS, "evaluator", 0, ValueError),
 ])
 def test_rank_and_size_table(cluster, task_type, index, expected):
-    from tfos.tf import keras_dist
+    from tfos import keras_dist
 
     tf_config = {"cluster": cluster, "task": {"type": task_type, "index": index}}
     for cfg in (tf_config, json.dumps(tf_config)):
@@ -78,7 +86,7 @@ def test_rank_and_size_table(cluster, task_type, index, expected):
 
 
 def test_no_tf_config_is_rank_0_of_1(monkeypatch):
-    from tfos.tf import keras_dist
+    from tfos import keras_dist
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert keras_dist._task(None)[3:] == (0, 1)
@@ -91,7 +99,7 @@ def test_no_tf_config_is_rank_0_of_1(monkeypatch):
     (_WORKERS, [("worker", 2)]),
 ])
 def test_coordination_service_jobs(cluster, expected):
-    from tfos.tf import keras_dist
+    from tfos import keras_dist
 
     assert keras_dist._coordinated_jobs(cluster) == expected
 

@@ -3,7 +3,7 @@
 import pytest
 
 from tfos.backends import make_backend
-from tfos.cluster.agent.supervisor import tunnel_netns
+from tfos.cluster.agent.node_agent import tunnel_netns
 from tfos.cluster.driver import security
 from tfos.errors import ConfigError
 from tfos.tunnel import addresses

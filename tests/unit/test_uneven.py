@@ -1,4 +1,4 @@
-"""Equal steps on every rank (tfos.feed.uneven): the policy's decisions from a table, the driver's
+"""Equal steps on every rank (tfos.data.uneven): the policy's decisions from a table, the driver's
 gate, and the whole InputMode.SPARK data path in one process - the real control service, feed
 scheduler, feeding-task code, feed hubs and DataFeeds over authenticated TCP - with a barrier per
 step standing in for a collective: a rank that runs one step more than another breaks it."""
@@ -12,7 +12,7 @@ import pytest
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.service import ControlService
 from tfos.errors import ConfigError, FeedError, NonRetryable, UnevenDataError
-from tfos.feed import uneven as U
+from tfos.data import uneven as U
 from tfos.feed.driver.scheduler import FeedScheduler, safe_rows
 from tfos.feed.executor.producer import make_train_feeder
 from tfos.feed.node.datafeed import DataFeed
@@ -135,7 +135,7 @@ class FeedPath:
         self.n = n
         self.registry = NodeRegistry("c", [("chief", 0)] + [("worker", i) for i in range(n - 1)])
         self.scheduler = FeedScheduler(self.registry, list(range(n)))
-        self.service = ControlService(self.registry, self.scheduler, self.key, "127.0.0.1").start()
+        self.service = ControlService(self.registry, self.scheduler.handlers(), self.key, "127.0.0.1").start()
         self.hubs = [FeedHub(self.key, queue_chunks, gate_client=lambda i=i: DriverClient(
             "127.0.0.1", self.service.port, self.key, "c", i)).start() for i in range(n)]
 
@@ -276,7 +276,7 @@ def test_the_safe_count_comes_with_the_data_so_readers_rarely_ask_the_driver(pat
 
 
 def test_a_node_hears_the_safe_count_when_another_node_is_sent_the_chunk_that_raises_it(path):
-    from tfos.feed import arrow
+    from tfos.wire import arrow
     from tfos.feed.executor.producer import _Sender
 
     cfg = M.FeedConfig("c", path.key, "127.0.0.1", path.service.port, "f9", "input", 30.0, (0, 1),
@@ -316,7 +316,7 @@ def test_dataset_blocks_respect_the_gate(path):
 def test_terminate_releases_a_reader_waiting_at_the_gate(path):
     """Node 1 never gets a row, so node 0's reader waits at the gate; terminate() from another
     thread (what batch_results' caller or a callback may do) ends its read instead of a hang."""
-    from tfos.feed import arrow
+    from tfos.wire import arrow
     from tfos.feed.node.hub import Data, Origin
 
     hub = path.hubs[0]

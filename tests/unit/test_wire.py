@@ -66,7 +66,7 @@ def test_encode_rejects_non_messages():
 def control(request):
     state = NodeRegistry("cid", [("chief", 0), ("worker", 0)])
     key = C.new_key(request.param)
-    server = ControlService(state, FeedScheduler(state, [0, 1]), key, "127.0.0.1").start()
+    server = ControlService(state, FeedScheduler(state, [0, 1]).handlers(), key, "127.0.0.1").start()
     yield state, key, server
     server.stop()
 
@@ -279,7 +279,7 @@ def test_a_fed_chunk_travels_in_parts_and_its_columns_arrive_64_byte_aligned(row
     count is a multiple of 16, as fed chunks are) reaches TF without a copy."""
     import numpy as np
 
-    from tfos.feed import arrow
+    from tfos.wire import arrow
 
     x = np.arange(rows * 784, dtype=np.float32).reshape(rows, 784)
     batch = arrow.rows_to_batch([(x[i], i, float(i)) for i in range(rows)])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 
 from tfos.backends.base import Backend, NodeHooks, rdma_devices, rdma_environment
+from tfos import lazy
 from tfos.errors import ConfigError
 
 #: Built-in backends by name, as import paths (loaded on use: Horovod imports nothing until chosen).
@@ -67,12 +68,8 @@ def make_backend(spec=None, transport: str = "grpc", **options) -> Backend:
         raise ConfigError(f"bad option for backend {getattr(cls, 'name', cls.__name__)!r}: {e}") from None
 
 
-def __getattr__(name):
-    lazy = {"MWMSBackend": "tfos.backends.mwms", "PSBackend": "tfos.backends.ps",
-            "HorovodBackend": "tfos.backends.horovod"}
-    if name in lazy:
-        return getattr(importlib.import_module(lazy[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy.exports(__name__, globals(), {
+    "MWMSBackend": "tfos.backends.mwms", "PSBackend": "tfos.backends.ps", "HorovodBackend": "tfos.backends.horovod"})
 
 
 __all__ = ["Backend", "NodeHooks", "BACKENDS", "make_backend", "load_backend_class", "rdma_devices",

@@ -13,7 +13,7 @@ class MWMSNode(NodeHooks):
 
         from tfos.tf.collectives import communication_options, mwms_cluster_resolver
 
-        from tfos.tf.distribute import init_gloo
+        from tfos.distribute import init_gloo
 
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=mwms_cluster_resolver(),
@@ -30,7 +30,7 @@ class MWMSBackend(Backend):
     chunks of that size before all-reducing (TF's tensor fusion); ``timeout_seconds`` bounds
     each collective. transport='rdma' selects NCCL. ``implementation``: 'auto' | 'tf' | 'gloo':
     who all-reduces in ``tfos.distribute.allreduce_gradients`` ('auto': Gloo on CPU-only hosts
-    with PyTorch installed, see :func:`tfos.tf.distribute.init_gloo`).
+    with PyTorch installed, see :func:`tfos.distribute.init_gloo`).
     """
 
     name = "mwms"

@@ -44,6 +44,7 @@ record files) and ``spark_io`` (DataFrame <-> TFRecord; driver and Spark tasks).
 package imports neither TensorFlow nor pyspark.
 """
 
+from tfos import lazy
 
 # Exported lazily (PEP 562), so ``tfos.data.paths`` or ``tfos.data.fs`` can be imported by the
 # driver, the agent or a TF process without loading the readers, numpy or pyarrow.
@@ -55,17 +56,8 @@ _EXPORTS = {
     "spark_io": ("load_tfrecords", "save_as_tfrecords"),
     "tfrecord": ("iter_tfrecords", "tfrecord_frame"),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name):
-    if name in _WHERE:
-        import importlib
-
-        value = getattr(importlib.import_module(f"tfos.data.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tfos.data' has no attribute {name!r}")
+__getattr__, __dir__ = lazy.exports(__name__, globals(), {
+    name: f"tfos.data.{module}" for module, names in _EXPORTS.items() for name in names})
 
 
 __all__ = [

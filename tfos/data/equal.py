@@ -1,5 +1,5 @@
 """Equal steps for InputMode.TENSORFLOW: every rank's reader yields the same number of batches when
-the ranks' files hold unequal record counts (TF process; the policy is :mod:`tfos.feed.uneven`).
+the ranks' files hold unequal record counts (TF process; the policy is :mod:`tfos.data.uneven`).
 
 The readers (:func:`~tfos.data.tfrecord_dataset`, :func:`~tfos.data.parquet_dataset`,
 :func:`~tfos.data.csv_dataset`) given a ``batch_size`` and the files of :func:`~tfos.data.rank_files`
@@ -20,7 +20,7 @@ import logging
 import os
 
 from tfos.data.fs import _resolve
-from tfos.feed import uneven
+from tfos.data import uneven
 
 logger = logging.getLogger(__name__)
 

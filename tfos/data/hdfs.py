@@ -52,7 +52,7 @@ def client_url(base: str, core: dict, token_file: str | None, resolve=socket.get
     ``HADOOP_TOKEN_FILE_LOCATION``, no Kerberos ticket) a NameNode named by host name would not
     find its token: with a token file, a host name becomes its address. An HA nameservice, a
     ``viewfs://`` URL or an address is left as it is. Pure but for ``resolve``."""
-    from tfos.data.fs import default_fs_of
+    from tfos.data.hadoop_conf import default_fs_of
 
     parts = urlsplit(base)
     url = base if parts.netloc else None
@@ -115,7 +115,7 @@ class HdfsNativeHandler(pafs.FileSystemHandler):
     def __init__(self, base: str):
         import hdfs_native
 
-        from tfos.data.fs import hadoop_core_site
+        from tfos.data.hadoop_conf import hadoop_core_site
 
         self.base = base
         tokens = os.environ.get("HADOOP_TOKEN_FILE_LOCATION")  # only then does the address matter

@@ -2,7 +2,7 @@
 
 Runs in the TF process (inside ``main_fun``). TensorFlow is imported only when a reader is
 called; files are opened through pyarrow (so hdfs:// works without TF's own filesystems), and
-Arrow columns become numpy with :func:`tfos.feed.arrow.column_to_numpy`.
+Arrow columns become numpy with :func:`tfos.wire.arrow.column_to_numpy`.
 
 Every dataset here has ``AutoShardPolicy.OFF``: the files are already split per rank (see the
 :mod:`tfos.data` docstring for why tf.distribute must not shard them again).
@@ -96,7 +96,7 @@ def tfrecord_dataset(files, compression_type="auto", features=None, reader: str 
 # --------------------------------------------------------------------------- Arrow batches -> tf.data
 
 def _batch_to_numpy(batch, source: str) -> dict:
-    from tfos.feed.arrow import column_to_numpy
+    from tfos.wire.arrow import column_to_numpy
 
     try:
         return {field.name: column_to_numpy(batch.column(i), field) for i, field in enumerate(batch.schema)}

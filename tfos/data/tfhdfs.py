@@ -170,7 +170,7 @@ def _set_default_url(path: str) -> None:
     tokens = os.environ.get("HADOOP_TOKEN_FILE_LOCATION")
     if not tokens:
         return
-    from tfos.data.fs import hadoop_core_site
+    from tfos.data.hadoop_conf import hadoop_core_site
     from tfos.data.hdfs import client_url
 
     url = client_url("hdfs://", hadoop_core_site(), tokens)

@@ -33,7 +33,7 @@ Inference (``TFModel.transform(df)``) needs no TF cluster: every Python worker l
 once (a module-level cache keyed by path) and predicts on the Arrow batches of its partitions.
 """
 
-import importlib
+from tfos import lazy
 
 _EXPORTS = {"TFEstimator": "estimator", "TFModel": "model", "OUTPUT_TYPES": "params", "OUTPUT_MODES": "params",
             "batch_inputs": "predictor", "clear_model_cache": "predictor", "get_predictor": "predictor",
@@ -42,14 +42,4 @@ _EXPORTS = {"TFEstimator": "estimator", "TFModel": "model", "OUTPUT_TYPES": "par
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tfos.ml' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"tfos.ml.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy.exports(__name__, globals(), {name: f"tfos.ml.{m}" for name, m in _EXPORTS.items()})

@@ -157,7 +157,7 @@ def batch_inputs(batch, feed_cols: list) -> list:
     """Arrow columns -> the model's numpy inputs: arrays (n, d); all-scalar columns stacked to (n, k)."""
     import numpy as np
 
-    from tfos.feed.arrow import column_to_numpy
+    from tfos.wire.arrow import column_to_numpy
 
     cols = []
     for name in feed_cols:
@@ -235,7 +235,7 @@ def predict_mapped(batches, *, path, signature, tags, inputs, outputs, batch_siz
     import pyarrow as pa
     import tensorflow as tf
 
-    from tfos.feed.arrow import column_to_numpy
+    from tfos.wire.arrow import column_to_numpy
 
     fn = get_signature(path, signature, tags)
     specs = fn.structured_input_signature[1]

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 from tfos.cluster.agent.reaper import REAPER_MODULE
-from tfos.cluster.agent.supervisor import TF_PROCESS_MODULE
+from tfos.cluster.agent.node_agent import TF_PROCESS_MODULE
 from tfos.cluster.executor.bootstrap import AGENT_MODULE
 
 

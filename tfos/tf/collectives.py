@@ -1,4 +1,4 @@
-"""Settings of TensorFlow's collectives, shared by :mod:`tfos.tf.keras_dist` and the MWMS backend."""
+"""Settings of TensorFlow's collectives, shared by :mod:`tfos.keras_dist` and the MWMS backend."""
 
 from __future__ import annotations
 

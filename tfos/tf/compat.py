@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import tempfile
 
-from tfos.errors import ConfigError
 
 
 def _is_keras2(model) -> bool:
@@ -68,54 +67,3 @@ def is_gpu_available() -> bool:
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU")) > 0
-
-
-class TFNode:
-    """TensorFlowOnSpark's ``TFNode`` module as a namespace, so ``from tfos import TFNode`` and
-    ``TFNode.DataFeed(ctx.mgr, train_mode, qname_in, qname_out, input_mapping)`` keep working."""
-
-    @staticmethod
-    def DataFeed(mgr, train_mode=True, qname_in="input", qname_out="output", input_mapping=None):  # noqa: N802
-        from tfos.feed.node.datafeed import DataFeed
-
-        return DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping)
-
-    @staticmethod
-    def hdfs_path(ctx, path):
-        """TensorFlowOnSpark's ``TFNode.hdfs_path``: reads only ``ctx.defaultFS`` and
-        ``ctx.working_dir``, so any context object of the older shape works."""
-        import getpass
-
-        from tfos.data.paths import absolute_path
-
-        return absolute_path(path, ctx.defaultFS, ctx.working_dir, getpass.getuser())
-
-    @staticmethod
-    def release_port(ctx) -> None:
-        """Close the socket that holds this node's TF port (``ctx.release_port()``)."""
-        ctx.release_port()
-
-    @staticmethod
-    def start_cluster_server(ctx, num_gpus=1, rdma=False):
-        raise ConfigError("TFNode.start_cluster_server is TF 1.x only (TensorFlowOnSpark 2.x refused it on TF 2 as "
-                          "well): use a tf.distribute strategy (ctx.strategy(), or MultiWorkerMirroredStrategy "
-                          "reads TF_CONFIG, which tfos sets)")
-
-    @staticmethod
-    def export_saved_model(sess, export_dir, tag_set, signatures):
-        raise ConfigError("TFNode.export_saved_model takes a TF 1.x Session (TensorFlowOnSpark 2.x refused it on "
-                          "TF 2 as well): use tfos.compat.export_saved_model(model, export_dir, is_chief)")
-
-    @staticmethod
-    def next_batch(mgr, batch_size, qname="input"):
-        raise ConfigError("TFNode.next_batch was removed in TensorFlowOnSpark 2.x: use "
-                          "TFNode.DataFeed(ctx.mgr).next_batch(batch_size)")
-
-    @staticmethod
-    def batch_results(mgr, results, qname="output"):
-        raise ConfigError("TFNode.batch_results was removed in TensorFlowOnSpark 2.x: use "
-                          "TFNode.DataFeed(ctx.mgr, False).batch_results(results)")
-
-    @staticmethod
-    def terminate(mgr, qname="input"):
-        raise ConfigError("TFNode.terminate was removed in TensorFlowOnSpark 2.x: use TFNode.DataFeed(ctx.mgr).terminate()")

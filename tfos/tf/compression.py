@@ -1,5 +1,5 @@
-"""fp16/bf16 compression of all-reduced tensors, shared by :mod:`tfos.tf.keras_dist` and
-:func:`tfos.tf.distribute.allreduce_gradients`.
+"""fp16/bf16 compression of all-reduced tensors, shared by :mod:`tfos.keras_dist` and
+:func:`tfos.distribute.allreduce_gradients`.
 
 float32/float64 tensors go over the wire as float16 (``'fp16'``) or bfloat16 (``'bf16'``),
 pre-divided by the number of replicas, so that their sum over the replicas is the mean and cannot

@@ -133,7 +133,7 @@ class FeedConfig:
     feed_nodes: tuple[int, ...]
     feed_addresses: tuple[tuple[int, str, int], ...]  # (node index, host, feed port)
     chunk_rows: int | None = None
-    uneven: str = "drop"  # equal steps on every rank (tfos.feed.uneven); "" turns the gate off
+    uneven: str = "drop"  # equal steps on every rank (tfos.data.uneven); "" turns the gate off
 
     def address(self, node: int) -> tuple[str, int]:
         for i, host, port in self.feed_addresses:

@@ -1,13 +1,14 @@
 """The driver's control service: the TCP endpoint agents, TF processes and feeding tasks talk
 to (runs on the driver). Requests are typed messages dispatched by type to the node registry
-and the feed scheduler; one reply each. No Arrow frames are accepted on this channel."""
+and to the handlers the cluster adds (the feed scheduler's: ``FeedScheduler.handlers()``, passed
+in by ``tfos.api``, so this package does not import the feed); one reply each. No Arrow frames
+are accepted on this channel."""
 
 from __future__ import annotations
 
 import errno
 import logging
 
-from tfos.feed.driver.scheduler import FeedScheduler
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.errors import ChannelClosed, ConfigError, ProtocolError
 from tfos.wire import messages as M
@@ -18,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 class ControlService:
-    def __init__(self, registry: NodeRegistry, scheduler: FeedScheduler, key: M.ChannelKey, bind_host: str = "0.0.0.0",
+    def __init__(self, registry: NodeRegistry, handlers: dict, key: M.ChannelKey, bind_host: str = "0.0.0.0",
                  port: int = 0):
         self.registry = registry
         self.handlers = {
@@ -33,15 +34,13 @@ class ControlService:
             M.LogModel: registry.on_log_model,
             M.NodeResult: registry.on_node_result,
             M.GetNodeFailure: registry.on_get_node_failure,
-            M.AssignChunk: scheduler.on_assign,
-            M.FeedTerminated: scheduler.on_terminated,
-            M.FeedGate: scheduler.on_gate,
             M.StoreSet: registry.on_store_set,
             M.StoreGet: registry.on_store_get,
             M.StoreAdd: registry.on_store_add,
             M.StoreCompareSet: registry.on_store_compare_set,
             M.StoreDelete: registry.on_store_delete,
         }
+        self.handlers.update(handlers)
         self._listener = Listener(key, self._serve, f"control-{registry.cluster_id}", bind_host,
                                   max_data_frame=0, port=port)
         self.port = self._listener.port
@@ -87,13 +86,13 @@ class ControlService:
                 self.registry.on_agent_disconnected(*agent)
 
 
-def listen(registry: NodeRegistry, scheduler: FeedScheduler, key: M.ChannelKey, address) -> "ControlService":
+def listen(registry: NodeRegistry, handlers: dict, key: M.ChannelKey, address) -> "ControlService":
     """The started control service, on the first free port of ``address.ports``."""
     ports = address.ports or (address.port,)
     error: OSError | None = None
     for port in ports:
         try:
-            return ControlService(registry, scheduler, key, address.bind, port).start()
+            return ControlService(registry, handlers, key, address.bind, port).start()
         except OSError as e:
             error = e
             if e.errno not in (errno.EADDRINUSE, errno.EACCES):  # the address itself is wrong: stop here

@@ -83,7 +83,7 @@ class FeedJobs:
         """One feed of ``num_epochs`` epochs. With ``epochs_done`` (restarts allowed) every epoch is
         its own Spark job and the rows of each completed epoch are appended to it, so the caller
         knows where a failure interrupted the feed; else one job feeds all epochs. ``uneven``: the
-        policy for unequal rows per node (:mod:`tfos.feed.uneven`, checked by the caller)."""
+        policy for unequal rows per node (:mod:`tfos.data.uneven`, checked by the caller)."""
         from tfos.feed.executor.producer import make_train_feeder  # pyarrow: loaded when data is fed, not at import
 
         if not is_dataframe(data) and self.spark.connect:

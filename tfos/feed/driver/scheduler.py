@@ -5,7 +5,7 @@ fewest rows of this feed so far, or is split to level the shares when they drift
 (:func:`plan_chunk`). A node that terminated its feed, or whose main_fun returned,
 is skipped; a node that stopped reading without finishing is an error.
 
-The scheduler also answers the nodes' gates (equal steps, :mod:`tfos.feed.uneven`): a node may
+The scheduler also answers the nodes' gates (equal steps, :mod:`tfos.data.uneven`): a node may
 take rows up to the fewest rows assigned to any live node so far (the *safe* count), and, once
 the feed is complete, learns every live node's total.
 """
@@ -48,7 +48,7 @@ def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int,
     node with the fewest rows (lowest index on ties) while that leaves it at most ``slack`` rows
     ahead of the next; otherwise it is spread to level the shares (the fewest first), in pieces of
     at least MIN_PIECE rows. Shares part by at most two chunks, less once locality is not
-    possible: the rows equal steps may drop at the end of a feed (:mod:`tfos.feed.uneven`).
+    possible: the rows equal steps may drop at the end of a feed (:mod:`tfos.data.uneven`).
 
     ``last_wave`` (:func:`last_wave`): the feed's last partitions run, and their chunks level the
     shares. A chunk is then placed a quarter at a time by the same rules, so the shares end at
@@ -167,6 +167,10 @@ class FeedScheduler:
             return self.completed.get(feed_id, ())
 
     # -- control service handlers
+    def handlers(self) -> dict:
+        """The control service's handlers for the feed's requests (``ControlService(..., handlers)``)."""
+        return {M.AssignChunk: self.on_assign, M.FeedTerminated: self.on_terminated, M.FeedGate: self.on_gate}
+
     def on_assign(self, msg: M.AssignChunk):
         with self._lock:
             snap = self.registry.snapshot()

@@ -18,7 +18,7 @@ import threading
 import pyarrow as pa
 
 from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, RequestRefused, TFOSError
-from tfos.feed import arrow
+from tfos.wire import arrow
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient, FeedClient
 

@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from tfos.errors import FeedError, TFOSError
 from tfos.feed.node.hub import Close, Data, End, FeedHub, Origin, Part
-from tfos.feed import arrow, uneven
+from tfos.data import uneven
+from tfos.wire import arrow
 from tfos.feed.node.gate import Gate, weighted
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ def _concatenate(parts):
     """``np.concatenate(parts)`` into an Arrow buffer, 64-byte aligned like the channel's data frames
     (wire.channel): TensorFlow takes an aligned array as it is and copies an unaligned one (a batch
     that spans two chunks). From the system allocator, as the frames are, which the TF process's
-    malloc settings keep in the heap for reuse (``agent.supervisor.memory_environment``): under
+    malloc settings keep in the heap for reuse (``agent.node_agent.memory_environment``): under
     ``dataset()`` TF frees the join on its own threads (bench/README, "Constants": receive buffers)."""
     if parts[0].dtype == object:
         return np.concatenate(parts)
@@ -110,7 +111,7 @@ class DataFeed:
 
     def _admit(self, n: int) -> tuple[int, int]:
         """``(rows, padding rows)`` this node may put in its next batch of ``n`` (equal steps on every
-        rank, :mod:`tfos.feed.uneven`): the rows every rank is known to have while the feed runs
+        rank, :mod:`tfos.data.uneven`): the rows every rank is known to have while the feed runs
         (asking the driver when it needs more), the policy's share once the feed is complete."""
         while not self.done:
             g = self._gate

@@ -1,4 +1,4 @@
-"""The reader's side of equal steps (:mod:`tfos.feed.uneven`) in a TF process: :class:`Gate` holds
+"""The reader's side of equal steps (:mod:`tfos.data.uneven`) in a TF process: :class:`Gate` holds
 one node's place in a gated train feed (the safe count heard with the data or asked of the
 driver, and the totals once the feed is complete), and :func:`weighted` adds the ``pad``
 policy's sample weights. :class:`tfos.feed.node.datafeed.DataFeed` decides with them."""
@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from tfos.errors import FeedError
-from tfos.feed import arrow, uneven
+from tfos.data import uneven
+from tfos.wire import arrow
 
 #: how long one gate request waits on the driver for a rise of the safe count before asking again
 GATE_WAIT = 5.0

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 
 from tfos.errors import FeedError, ProtocolError, TFOSError
-from tfos.feed import arrow
+from tfos.wire import arrow
 from tfos.wire import messages as M
 from tfos.wire.channel import KIND_ARROW, Channel
 from tfos.wire.listener import Listener

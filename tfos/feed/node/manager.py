@@ -15,7 +15,7 @@ import threading
 
 from tfos.errors import ConfigError
 from tfos.feed.node.hub import Close, Data, FeedQueue
-from tfos.feed import arrow
+from tfos.wire import arrow
 
 __all__ = ["start", "connect", "LocalManager"]
 

@@ -1,4 +1,4 @@
-"""The Spark task of :func:`tfos.cluster.driver.parallel.run` (TensorFlowOnSpark's ``TFParallel``).
+"""The Spark task of :func:`tfos.cluster.driver.tfparallel.run` (TensorFlowOnSpark's ``TFParallel``).
 
 Each task runs the user's function once, in the executor's Python worker, as an independent
 single-node TensorFlow instance: no TF cluster, no node agent. The task pins its GPUs (Spark's

@@ -30,7 +30,7 @@ from tfos.cluster.driver.supervisor import Supervisor
 from tfos.errors import ClusterStateError, ConfigError, NodeFailedError, TFOSError
 from tfos.feed.driver.jobs import FeedJobs
 from tfos.feed.driver.scheduler import FeedScheduler
-from tfos.feed.uneven import check_policy
+from tfos.data.uneven import check_policy
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 
@@ -55,7 +55,7 @@ class TFCluster:
         self.registry = NodeRegistry(cluster.cluster_id, roles, max_wait=cluster.reservation_timeout)
         feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
         self.scheduler = FeedScheduler(self.registry, feed_ranks)
-        self.service = listen(self.registry, self.scheduler, cluster.key, address)
+        self.service = listen(self.registry, self.scheduler.handlers(), cluster.key, address)
         config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
         self.supervisor = Supervisor(self.spark, roles, backend, config, self.registry, self.scheduler)
@@ -247,7 +247,7 @@ class TFCluster:
         for the trainers (shutdown's timeout); ``kwargs`` go to :meth:`reserve` (``num_gpus``,
         ``env``, ``eval_node``, ``reservation_timeout``, ...). InputMode.TENSORFLOW.
         """
-        from tfos.cluster.driver.script import run_script
+        from tfos.cluster.driver.script_job import run_script
 
         run_script(cls, sc, script, argv, num_executors, num_ps, master_node, timeout, grace_secs, kwargs)
 

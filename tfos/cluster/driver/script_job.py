@@ -1,5 +1,5 @@
 """``TFCluster.run_script``: an unchanged TF script on every node (runs on the driver; the nodes run
-it with :mod:`tfos.cluster.node.script`)."""
+it with :mod:`tfos.cluster.node.script_process`)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def run_script(cls, sc, script: str, argv, num_executors: int, num_ps: int, mast
                grace_secs: float, kwargs: dict) -> None:
     """Read ``script`` (and the modules beside it) on the driver, reserve ``cls`` (TFCluster) with
     ``kwargs``, run the script on every node and wait for the trainers (see ``TFCluster.run_script``)."""
-    from tfos.cluster.node.script import Script, script_main
+    from tfos.cluster.node.script_process import Script, script_main
 
     try:
         with open(script, "rb") as f:

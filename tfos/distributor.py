@@ -7,7 +7,7 @@
   tasks, an MWMS scope around ``train_fn`` unless ``use_custom_strategy``), as its documentation
   and integration tests describe it, with tfos's encryption in place of its refusal of TLS clusters.
 
-Underneath both is a :class:`~tfos.cluster.driver.api.TFCluster` in InputMode.TENSORFLOW, workers
+Underneath both is a :class:`~tfos.api.TFCluster` in InputMode.TENSORFLOW, workers
 only (the layout a TF script expects: rank 0 is worker 0), so restarts (``max_restarts``), the
 stall watchdog, node output and errors with each node's last lines work as they do there. Extra
 keyword arguments go to ``TFCluster.reserve``. The decisions (how many nodes, which GPUs each) are
@@ -126,7 +126,7 @@ def _driver_gpus(entry, resource: str) -> list[str]:
 def _run(spark, train_object, args, kwargs, num_nodes: int, local_mode: bool, node_gpus, gpus_per_node,
          strategy_scope: bool, reserve_options: dict):
     """Run ``train_object`` on a fresh cluster of ``num_nodes``; rank 0's return value (None for a script)."""
-    from tfos.cluster.driver.api import TFCluster
+    from tfos.api import TFCluster
     from tfos.cluster.driver.local import LocalHost
     from tfos.cluster.driver.spark import spark_entry
     from tfos.cluster.node.function import RankFunction

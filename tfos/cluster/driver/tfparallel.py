@@ -2,7 +2,7 @@
 
 For work that needs no TF cluster, typically inference or hyper-parameter sweeps: each of
 ``num_executors`` Spark tasks calls ``map_fun(tf_args, ctx)`` once (see
-:mod:`tfos.cluster.executor.parallel`). With ``use_barrier=True`` (the default) the tasks are gang
+:mod:`tfos.cluster.executor.instance`). With ``use_barrier=True`` (the default) the tasks are gang
 scheduled in one barrier stage, so all instances start together and ``ctx.nodes`` lists their
 addresses. Failures come back as one :class:`~tfos.errors.NodeFailedError` naming every failed
 instance, its host and traceback.
@@ -43,7 +43,7 @@ def run(sc, map_fun, tf_args, num_executors: int, use_barrier: bool = True,
     that check): ``spark.scheduler.barrier.maxConcurrentTasksCheck.interval`` times ``.maxFailures``."""
     from tfos.cluster.driver.spark import spark_entry, wait_for_slots
     from tfos.data.fs import spark_default_fs
-    from tfos.cluster.executor.parallel import make_task
+    from tfos.cluster.executor.instance import make_task
 
     if isinstance(num_executors, bool) or not isinstance(num_executors, int) or num_executors < 1:
         raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")

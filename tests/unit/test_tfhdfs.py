@@ -54,7 +54,8 @@ def test_the_build_is_keyed_by_its_sources_and_tensorflow():
     assert {p.name for p in tfhdfs._sources()} >= {"Cargo.toml", "Cargo.lock", "build.rs", "lib.rs"}
 
 
-def test_without_a_plugin_register_says_how_to_get_one(cache):
+def test_without_a_plugin_register_says_how_to_get_one(cache, monkeypatch):
+    monkeypatch.setenv(tfhdfs.ENV_BUILD, "0")
     assert tfhdfs.register() is False
     with pytest.raises(HadoopConfigError, match="tfos.data.tfhdfs build"):
         tfhdfs.register(required=True)
@@ -70,6 +71,13 @@ def test_a_failed_build_says_so_with_cargos_last_lines(cache, monkeypatch, tmp_p
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     with pytest.raises(tfhdfs.PluginBuildError, match=r"(?s)cargo exit 101.*cannot find value"):
         tfhdfs.build()
+    assert tfhdfs.plugin_path() is None
+    # on first use: a node of an HDFS job tries the build, then says TF cannot open hdfs:// here;
+    # a reader that needs TF's hdfs:// fails naming the build's error
+    monkeypatch.delenv(tfhdfs.ENV_BUILD, raising=False)
+    assert tfhdfs.register(build_missing=True) is False
+    with pytest.raises(HadoopConfigError, match=r"(?s)building it here failed.*cannot find value"):
+        tfhdfs.register(required=True)
     assert tfhdfs.plugin_path() is None
 
 

@@ -40,6 +40,7 @@ SOURCE = Path(__file__).with_name("hdfs_tf")
 LIBRARY = "libtfos_hdfs_tf.so"
 ENV_PLUGIN = "TFOS_HDFS_TF_PLUGIN"
 ENV_SWITCH = "TFOS_HDFS_TF"
+ENV_BUILD = "TFOS_HDFS_TF_BUILD"  # "0": never build on first use (a build takes minutes)
 BUILD_TIMEOUT = 1800.0
 
 _lock = threading.Lock()
@@ -136,16 +137,30 @@ def registered() -> str | None:
     return _registered
 
 
-def register(required: bool = False) -> bool:
+def register(required: bool = False, build_missing: bool = False) -> bool:
     """Load the plugin into this process's TensorFlow (once); True when TF now opens hdfs://.
 
     Without a plugin (none built, none given, ``TFOS_HDFS_TF=0``) it returns False, or raises
-    HadoopConfigError naming the fix when ``required``."""
+    HadoopConfigError naming the fix when ``required``. When ``required`` or ``build_missing`` (a
+    node of a job whose default filesystem is HDFS), a missing plugin is built first, once per host
+    and TensorFlow version under the build lock (``TFOS_HDFS_TF_BUILD=0`` skips that); the log says
+    which path runs."""
     global _registered
     with _lock:
         if _registered:
             return True
         path = plugin_path()
+        if (path is None and (required or build_missing) and os.environ.get(ENV_SWITCH, "1") != "0"
+                and os.environ.get(ENV_BUILD, "1") != "0"):
+            try:
+                path = build()
+            except TFOSError as e:
+                if required:
+                    raise HadoopConfigError(f"TensorFlow cannot open hdfs:// without tfos's plugin, and building it "
+                                            f"here failed: {e}") from None
+                logger.warning("tfos's hdfs:// plugin could not be built here (%s): TensorFlow cannot open hdfs:// "
+                               "in this process; tfos.data reads it through pyarrow instead", e)
+                return False
         if path is None:
             if required:
                 raise HadoopConfigError("TensorFlow cannot open hdfs:// without tfos's plugin: build it with "

@@ -92,7 +92,7 @@ def run_node(cfg: M.NodeConfig) -> int:
             raise TFOSTimeoutError(f"importing tensorflow took longer than {c.reservation_timeout:g} s "
                                    "(reservation_timeout)")
     if "tensorflow" in sys.modules:  # TF opens hdfs:// itself when tfos's plugin is built (tfos.data.tfhdfs)
-        tfhdfs.register()
+        tfhdfs.register(build_missing=c.default_fs.startswith(("hdfs:", "viewfs:")))
     main_fun, args, hooks = load_function_file(cfg.fn_path)
     if tunnel is not None:  # before TF or Gloo may connect to another node
         tunnel_node.connect_peers(tunnel, reply.nodes, cfg.node_index, cfg.host)

@@ -41,6 +41,8 @@ def doctor(argv) -> int:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
     p.add_argument("--tasks", type=int, default=None, help="tasks to run (default: one per executor)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds an executor waits for the driver")
+    p.add_argument("--job-timeout", type=float, default=300.0,
+                   help="seconds the doctor's Spark job may take before it is cancelled (a finding)")
     args = p.parse_args(argv)
     bad = [c for c in args.conf if "=" not in c]
     if bad:
@@ -63,7 +65,7 @@ def doctor(argv) -> int:
     else:
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            findings = d.run(spark, args.timeout, args.tasks)
+            findings = d.run(spark, args.timeout, args.tasks, args.job_timeout)
         finally:
             spark.stop()
     sys.stdout.write(d.table(findings) + "\n")

@@ -120,3 +120,11 @@ def test_doctor_names_each_problem_with_its_fix(tmp_path):
     assert "TFOS_ADVERTISE_HOST" in text
     assert re.search(r"^node tunnel +WARN .*not built yet", text, re.M) and "tfos build tunnel" in text, text
     assert re.search(r"problem\(s\) would fail a job: tfos, driver address", text), text
+
+
+@pytest.mark.slow
+def test_doctor_on_a_cluster_that_gives_no_executor_says_so_within_its_deadline():
+    """Executors of 2 cores on workers of 1: Spark never starts one, the job would wait forever."""
+    out = doctor("--tasks", "1", "--job-timeout", "15", "--conf", "spark.executor.cores=2")
+    assert out.returncode == 1, out.stdout + out.stderr[-2000:]
+    assert re.search(r"^executors +FAIL .*did not finish: still running after 15 s \(cancelled\)", out.stdout, re.M)

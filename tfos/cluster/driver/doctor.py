@@ -278,8 +278,9 @@ def executors_expected(sc, conf: dict, wait: float = 60.0) -> int:
         time.sleep(0.5)
 
 
-def run(spark, timeout: float = 10.0, tasks: int | None = None) -> list[Finding]:
-    """Run the doctor's job on ``spark`` (a SparkSession or SparkContext) and judge what it found."""
+def run(spark, timeout: float = 10.0, tasks: int | None = None, job_timeout: float = 300.0) -> list[Finding]:
+    """Run the doctor's job on ``spark`` (a SparkSession or SparkContext) and judge what it found. The
+    job is cancelled after ``job_timeout`` seconds (no executor slots, a stuck task): that is a finding."""
     from tfos.cluster.driver.spark import control_address
     from tfos.cluster.executor.doctor import task
 
@@ -290,12 +291,41 @@ def run(spark, timeout: float = 10.0, tasks: int | None = None) -> list[Finding]
     try:
         n = tasks or executors_expected(sc, conf)
         where = f"{address.advertise}:{listener.port}"
-        sc.setJobDescription("tfos doctor")
-        lines = sc.parallelize(range(n), n).mapPartitions(task(address.advertise, listener.port, timeout)).collect()
+        rdd = sc.parallelize(range(n), n).mapPartitions(task(address.advertise, listener.port, timeout))
+        lines, error = _collect_within(sc, rdd, job_timeout)
     finally:
         listener.close()
+    if error is not None:
+        return [Finding("executors", FAIL, f"the doctor's Spark job of {n} task(s) did not finish: {error}",
+                        "check that the cluster gives this application executors (the master URL, "
+                        "spark.executor.instances, the queue) and that their Python runs pyspark")]
     executors = [json.loads(line) for line in lines]
     return judge(driver_report(conf, os.environ), executors, conf, dict(os.environ), where)
+
+
+def _collect_within(sc, rdd, seconds: float):
+    """``(rdd.collect(), None)``, or ``(None, why)`` when it failed or ran past ``seconds`` (then the job
+    is cancelled)."""
+    group = f"tfos-doctor-{os.getpid()}-{time.monotonic_ns()}"
+    out: dict = {}
+
+    def collect():
+        try:
+            sc.setJobGroup(group, "tfos doctor", interruptOnCancel=True)
+            out["lines"] = rdd.collect()
+        except Exception as e:  # the finding says what Spark said
+            out["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+
+    thread = threading.Thread(target=collect, name="tfos-doctor-job", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        sc.cancelJobGroup(group)
+        thread.join(30)
+        return None, f"still running after {seconds:g} s (cancelled)"
+    if "error" in out:
+        return None, out["error"]
+    return out["lines"], None
 
 
 def table(findings: list[Finding]) -> str:

@@ -106,3 +106,27 @@ def test_build_once_builds_only_what_is_missing_and_installs_whole(cache, tmp_pa
     assert calls == [1] and out.read_bytes() == b"library"
     assert oct(out.stat().st_mode & 0o777) == "0o700" and oct(out.parent.stat().st_mode & 0o777) == "0o700"
     assert not out.with_suffix(".tmp").exists()
+
+
+@pytest.mark.parametrize("env,refused", [
+    ({}, None),
+    ({"TFOS_GLOO_KERNEL_BUILD": "1"}, None),
+    ({"TFOS_GLOO_KERNEL_BUILD": "0"}, "TFOS_GLOO_KERNEL_BUILD=0"),
+    ({"CONTAINER_ID": "container_1795_0001_01_000002"}, "a YARN container"),
+    ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "a Kubernetes pod"),
+])
+def test_first_use_builds_happen_on_hosts_not_in_containers(env, refused):
+    got = builds.first_use_build_refused(env, "TFOS_GLOO_KERNEL_BUILD")
+    assert (got is None) if refused is None else (refused in got)
+
+
+def test_in_a_container_the_op_is_not_built_on_first_use(cache, monkeypatch, tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="tfos")
+    monkeypatch.delenv(gloo_kernel.ENV_BUILD, raising=False)
+    monkeypatch.setenv("CONTAINER_ID", "container_1795_0001_01_000002")
+    monkeypatch.setenv("CXX", str(tmp_path / "no-compiler-is-called"))
+    assert gloo_kernel.load() is None
+    assert "not built on first use (this process runs in a YARN container)" in caplog.text
+    assert not (cache / "cache").exists()

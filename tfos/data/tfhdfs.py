@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 from tfos.errors import HadoopConfigError, TFOSError
-from tfos.host.builds import build_once, install, run_step
+from tfos.host.builds import build_once, first_use_build_refused, install, run_step
 from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
@@ -143,15 +143,19 @@ def register(required: bool = False, build_missing: bool = False) -> bool:
     Without a plugin (none built, none given, ``TFOS_HDFS_TF=0``) it returns False, or raises
     HadoopConfigError naming the fix when ``required``. When ``required`` or ``build_missing`` (a
     node of a job whose default filesystem is HDFS), a missing plugin is built first, once per host
-    and TensorFlow version under the build lock (``TFOS_HDFS_TF_BUILD=0`` skips that); the log says
-    which path runs."""
+    and TensorFlow version under the build lock, except in a YARN container or a Kubernetes pod or
+    with ``TFOS_HDFS_TF_BUILD=0`` (``tfos.host.builds.first_use_build_refused``); the log says which
+    path runs."""
     global _registered
     with _lock:
         if _registered:
             return True
         path = plugin_path()
-        if (path is None and (required or build_missing) and os.environ.get(ENV_SWITCH, "1") != "0"
-                and os.environ.get(ENV_BUILD, "1") != "0"):
+        refused = first_use_build_refused(os.environ, ENV_BUILD) if path is None else None
+        if path is None and (required or build_missing) and os.environ.get(ENV_SWITCH, "1") != "0" and refused:
+            logger.info("tfos's hdfs:// plugin is not built here and is not built on first use (%s): build it on "
+                        "each host with 'tfos build hdfs', or ship one and name it in %s", refused, ENV_PLUGIN)
+        elif path is None and (required or build_missing) and os.environ.get(ENV_SWITCH, "1") != "0":
             try:
                 path = build()
             except TFOSError as e:

@@ -16,6 +16,23 @@ from tfos.errors import TFOSError
 from tfos.host.private import user_cache_dir
 
 
+#: Environment variables that say this process runs in a resource manager's container.
+CONTAINERS = (("CONTAINER_ID", "a YARN container"), ("KUBERNETES_SERVICE_HOST", "a Kubernetes pod"))
+
+
+def first_use_build_refused(env, switch: str) -> str | None:
+    """Pure: why a part missing here must not be built on first use, or None when it may. Never when
+    its switch (``switch=0``) says so; never in a resource manager's container, whose memory limit is
+    sized for training (a compiler beside TensorFlow would get the container killed) and whose cache
+    goes with it: build on the hosts ahead (``tfos build``) instead."""
+    if env.get(switch, "1") == "0":
+        return f"{switch}=0"
+    for variable, what in CONTAINERS:
+        if env.get(variable):
+            return f"this process runs in {what}"
+    return None
+
+
 def build_once(out: Path, lock_name: str, build: Callable[[], str]) -> str:
     """``out``'s path, calling ``build`` first unless it is there. ``out``'s directory (below the
     user's cache) is created 0700 only to build into; builds wait for each other on ``lock_name``,

@@ -16,7 +16,8 @@ work without Python:
 ``python -m tfos.tf.gloo_kernel build`` compiles it with the system's C++ compiler (``$CXX``, else
 g++; ~30 s, once per source, TensorFlow, PyTorch and Python version) into ``$TFOS_CACHE_DIR``.
 :func:`load` brings it into a process, building it on first use when it is not built yet (under a
-file lock, once per host and environment; ``TFOS_GLOO_KERNEL_BUILD=0`` skips that), and
+file lock, once per host and environment; not in a YARN container or a Kubernetes pod, whose memory
+is the job's, nor with ``TFOS_GLOO_KERNEL_BUILD=0``), and
 :class:`tfos.tf.gloo.Group` uses it in ``tf.function``. Without it (no compiler, a failed build,
 or ``TFOS_GLOO_KERNEL=0``) the ``tf.py_function`` path runs, with the same results, and the log says
 which path runs. Runs in the TF process; code is loaded only from files that this user or
@@ -38,7 +39,7 @@ import threading
 from pathlib import Path
 
 from tfos.errors import TFOSError
-from tfos.host.builds import build_once, install, run_step
+from tfos.host.builds import build_once, first_use_build_refused, install, run_step
 from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
@@ -159,15 +160,17 @@ def load() -> Kernel | None:
         if os.environ.get(ENV_SWITCH, "1") == "0":
             return None
         path = built_path()
-        if not path.is_file() and os.environ.get(ENV_BUILD, "1") != "0":
+        refused = first_use_build_refused(os.environ, ENV_BUILD) if not path.is_file() else None
+        if not path.is_file() and refused is None:
             try:  # on first use, as PyTorch's cpp_extension.load does: once per host and environment, under a lock
                 build()
             except TFOSError as e:
                 logger.warning("the Gloo op could not be built here (%s): all-reduces in tf.function go through "
                                "tf.py_function (slower per call)", e)
         if not path.is_file():
-            logger.info("the Gloo op is not built here: all-reduces in tf.function go through tf.py_function "
-                        "(slower per call); build it with 'tfos build gloo'")
+            logger.info("the Gloo op is not built here%s: all-reduces in tf.function go through tf.py_function "
+                        "(slower per call); build it on each host with 'tfos build gloo'",
+                        f" and is not built on first use ({refused})" if refused else "")
             return None
         check_trusted_file(str(path))
         try:

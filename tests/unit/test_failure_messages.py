@@ -184,6 +184,8 @@ def test_gpu_shortage_names_the_host_what_it_saw_and_what_it_needed(num, smi, cl
     ("ValueError: Attempt to convert a value (PerReplica:{0: <tf.Tensor ...>}) with an unsupported type",
      "Keras 3's model.fit cannot run under"),
     ("RuntimeError: Collective ops must be configured at program startup", "call ctx.strategy() (or create"),
+    ("    <tf.Tensor: shape=(64, 28, 28)>\n}) with an unsupported type (<class "
+     "'tensorflow.python.distribute.values.PerReplica'>) to a Tensor.", "Keras 3's model.fit cannot run under"),
     ("ValueError: something else entirely", ""),
 ])
 def test_hints_name_the_fix_for_failures_whose_message_does_not(text, expected):

@@ -11,7 +11,9 @@ import re
 
 #: (pattern in the traceback, the line to add)
 HINTS: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(r"Attempt to convert a value \(PerReplica|PerReplica:\{.*\} with an unsupported type"),
+    # the message spans lines (the PerReplica's repr), and a script's error shows only its last lines
+    (re.compile(r"Attempt to convert a value \(PerReplica|PerReplica:\{.*\} with an unsupported type|"
+                r"with an unsupported type \(<class 'tensorflow\.python\.distribute\.values\.PerReplica'>\)"),
      "tfos hint: Keras 3's model.fit cannot run under tf.distribute.MultiWorkerMirroredStrategy (ctx.strategy()): "
      "Keras 3 has no multi-worker support (keras-team/keras#20585). Either drop the strategy scope and use "
      "tfos.keras_dist (rank, size = keras_dist.init_collectives(); optimizer=keras_dist.DistributedOptimizer(...); "

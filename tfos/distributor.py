@@ -27,6 +27,12 @@ logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- decisions (pure)
 
+def conf_of(entry, key: str) -> str | None:
+    """One Spark setting of a session entry: a Connect session answers single keys only."""
+    get = getattr(entry, "get", None)
+    return get(key) if callable(get) else entry.conf().get(key)
+
+
 def task_gpu_amount(conf: dict, resource: str = "gpu") -> float | None:
     """``spark.task.resource.<resource>.amount`` as a number, None when unset."""
     value = conf.get(f"spark.task.resource.{resource}.amount")
@@ -90,6 +96,12 @@ def local_gpus(addresses, count: int, per_node: int, inherited: str | None) -> l
 
 
 # --------------------------------------------------------------------------- the session
+
+def _task_conf(entry, resource: str) -> dict:
+    key = f"spark.task.resource.{resource}.amount"
+    value = conf_of(entry, key)
+    return {} if value is None else {key: value}
+
 
 def _session(spark):
     """The session to run on: the given one, else the active classic or Spark Connect session."""
@@ -198,10 +210,12 @@ class TFDistributor:
         if self.local_mode:
             nodes = self.num_processes
             if self.use_gpu:
-                node_gpus = local_gpus(_driver_gpus(entry, "gpu"), nodes, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
+                # Spark's own addresses: each node's agent inherits this environment and reads them through
+                # CUDA_VISIBLE_DEVICES itself (host/gpus.visible_devices), once
+                node_gpus = local_gpus(_driver_gpus(entry, "gpu"), nodes, 1, None)
         else:
             nodes = distributor_nodes(self.num_processes, self.use_gpu,
-                                      task_gpu_amount(entry.conf()) if self.use_gpu else None)
+                                      task_gpu_amount(_task_conf(entry, "gpu")) if self.use_gpu else None)
         logger.info("TFDistributor: %d process(es) on %d node(s)%s", self.num_processes, nodes,
                     " on this machine" if self.local_mode else "")
         return _run(entry, train_object, args, kwargs, nodes, self.local_mode, node_gpus,
@@ -242,8 +256,8 @@ class MirroredStrategyRunner:
         if not self.local_mode:
             from tfos.cluster.driver.spark import spark_entry
 
-            conf = spark_entry(_session(spark)).conf()
-            amount = task_gpu_amount(conf, gpu_resource_name) if use_gpu else None
+            entry = spark_entry(_session(spark))
+            amount = task_gpu_amount(_task_conf(entry, gpu_resource_name), gpu_resource_name) if use_gpu else None
             self._tasks = runner_tasks(num_slots, self.use_gpu, amount, gpu_resource_name)
 
     @property

@@ -139,3 +139,14 @@ def test_a_backend_with_old_single_class_hooks_is_told_where_they_go(old):
         B.make_backend(cls)
     with pytest.raises(ConfigError, match="NodeHooks|Backend.setup|Backend.node_options"):
         B.make_backend(cls())
+
+
+@pytest.mark.parametrize("communication,encrypted,expected", [
+    ("auto", True, "ring"), ("auto", False, "auto"), ("ring", True, "ring"), ("nccl", True, "nccl"),
+    ("nccl", False, "nccl")])
+def test_encrypted_clusters_ask_tf_for_ring_when_the_choice_is_auto(communication, encrypted, expected):
+    """TF's 'auto' picks NCCL on GPU nodes, whose traffic bypasses the tunnel; GPUs Spark schedules are
+    not counted at reserve(), so the node decides (explicit 'nccl' is refused at reserve())."""
+    from tfos.backends.mwms import effective_communication
+
+    assert effective_communication(communication, encrypted) == expected

@@ -86,3 +86,22 @@ def test_gpus_per_node_setting():
     for bad in ([1], [1, "2"], -2, True, [True, 1], "2"):
         with pytest.raises(ConfigError, match="gpus_per_node"):
             gpus_per_node_setting(bad, 2)
+
+
+def test_a_connect_session_is_asked_for_the_task_resource_by_key():
+    from tfos.distributor import _task_conf, conf_of
+
+    class Connectish:  # ConnectSpark answers single keys; its conf() holds a few
+        def get(self, key):
+            return {"spark.task.resource.gpu.amount": "2"}.get(key)
+
+        def conf(self):
+            return {}
+
+    class Classicish:
+        def conf(self):
+            return {"spark.task.resource.gpu.amount": "1"}
+
+    assert conf_of(Connectish(), "spark.task.resource.gpu.amount") == "2"
+    assert task_gpu_amount(_task_conf(Connectish(), "gpu")) == 2.0
+    assert task_gpu_amount(_task_conf(Classicish(), "gpu")) == 1.0 and _task_conf(Classicish(), "fpga") == {}

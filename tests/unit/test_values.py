@@ -41,6 +41,8 @@ def test_numpy_arrays_keep_dtype_shape_and_bytes(a):
 
 def test_numpy_scalars_become_python_numbers():
     assert roundtrip([np.float32(0.5), np.int64(3), np.bool_(True)]) == [0.5, 3, True]
+    out = roundtrip(np.longdouble(1.5))  # no Python equivalent: a 0-d array of its own dtype
+    assert out.dtype == np.longdouble and out == 1.5
 
 
 @pytest.mark.parametrize("v,fix", [(object(), "numbers, strings"), (np.array([object()]), "no object arrays"),
@@ -55,6 +57,12 @@ def test_what_cannot_travel_is_refused_with_the_fix(v, fix):
 def test_too_large_and_too_deep_are_refused():
     with pytest.raises(ConfigError, match="return its path"):
         values.encode(np.zeros(values.MAX_ENCODED // 2, np.uint8) .tobytes() * 2)
+    with pytest.raises(ConfigError, match="return its path"):  # JSON's size, not the items': 8 bytes each counted
+        values.encode([0.123456789012345] * 700_000)
+    with pytest.raises(ConfigError, match="return its path"):  # escaped non-ASCII text
+        values.encode("\u00e9" * 2_000_000)
+    with pytest.raises(ConfigError, match="return its path"):
+        values.encode(np.zeros((4096, 4096), np.float32))
     deep = []
     for _ in range(values.MAX_DEPTH + 2):
         deep = [deep]
@@ -65,7 +73,8 @@ def test_too_large_and_too_deep_are_refused():
 @pytest.mark.parametrize("tree", [None, [], ["x", 1], ["i", "1"], ["i", True], ["b", 1], ["s", 3], ["y", "!!"],
                                   ["f", "1e3"], ["I", "12a"], ["l", "ab"], ["d", [[["l", []], ["n", None]]]],
                                   ["d", [["s", "k"]]], ["a", ["<f4", [2], "AAAA"]], ["a", ["|O", [1], "AAAAAAAAAAA="]],
-                                  ["a", ["<f4", [-1], ""]], ["a", ["zz", [1], ""]], ["c", ["a", 1]]])
+                                  ["a", ["<f4", [-1], ""]], ["a", ["zz", [1], ""]], ["c", ["a", 1]],
+                                  ["I", "\u00b2"], ["I", "--5"], ["a", ["<U0", [1], ""]], ["a", ["<f4", [1] * 40, "AAAAAA=="]]])
 def test_malformed_trees_are_protocol_errors(tree):
     with pytest.raises(ProtocolError):
         values.decode(tree)

@@ -7,6 +7,14 @@ from tfos.errors import ConfigError
 from tfos.tf.collectives import IMPLEMENTATIONS
 
 
+def effective_communication(communication: str, encrypted: bool) -> str:
+    """Pure: the collective implementation a node asks TF for. On an encrypted cluster 'auto' means
+    RING: TF's 'auto' picks NCCL when the node sees GPUs (Spark-scheduled ones included, which
+    reserve() cannot count), and NCCL's traffic between hosts bypasses the node tunnel; 'nccl' is
+    asked for by name (and refused at reserve() unless allow_unprotected)."""
+    return "ring" if encrypted and communication == "auto" else communication
+
+
 class MWMSNode(NodeHooks):
     def strategy(self, ctx):
         import tensorflow as tf
@@ -15,9 +23,10 @@ class MWMSNode(NodeHooks):
 
         from tfos.distribute import init_gloo
 
+        communication = effective_communication(self.communication, getattr(ctx, "encrypted", False))
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=mwms_cluster_resolver(),
-            communication_options=communication_options(self.communication, self.bytes_per_pack,
+            communication_options=communication_options(communication, self.bytes_per_pack,
                                                         self.timeout_seconds))
         init_gloo(strategy, self.implementation, self.timeout_seconds, self.communication)
         return strategy

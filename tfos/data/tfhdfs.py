@@ -158,7 +158,7 @@ def register(required: bool = False, build_missing: bool = False) -> bool:
         elif path is None and (required or build_missing) and os.environ.get(ENV_SWITCH, "1") != "0":
             try:
                 path = build()
-            except TFOSError as e:
+            except (TFOSError, OSError) as e:
                 if required:
                     raise HadoopConfigError(f"TensorFlow cannot open hdfs:// without tfos's plugin, and building it "
                                             f"here failed: {e}") from None

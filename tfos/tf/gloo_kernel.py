@@ -164,7 +164,7 @@ def load() -> Kernel | None:
         if not path.is_file() and refused is None:
             try:  # on first use, as PyTorch's cpp_extension.load does: once per host and environment, under a lock
                 build()
-            except TFOSError as e:
+            except (TFOSError, OSError) as e:  # no compiler, an unwritable cache: the py_function path runs
                 logger.warning("the Gloo op could not be built here (%s): all-reduces in tf.function go through "
                                "tf.py_function (slower per call)", e)
         if not path.is_file():

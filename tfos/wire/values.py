@@ -15,7 +15,9 @@ type and size and raises :class:`~tfos.errors.ProtocolError` for anything else.
 from __future__ import annotations
 
 import base64
+import json
 import math
+import re
 
 from tfos.errors import ConfigError, ProtocolError
 
@@ -30,9 +32,10 @@ def encode(value, what: str = "the return value"):
     """``value`` as a tree of tagged JSON values; ConfigError naming the first part that cannot
     travel (and what to return instead)."""
     size = [0]
-    tree = _enc(value, what, 0, size)
-    if size[0] > MAX_ENCODED:
-        raise ConfigError(f"{what} is {size[0] / 2**20:.1f} MiB encoded, more than the {MAX_ENCODED >> 20} MiB "
+    tree = _enc(value, what, 0, size)  # size: a running estimate that stops large arrays before base64
+    encoded = len(json.dumps(tree, separators=(",", ":"))) if size[0] <= MAX_ENCODED else size[0]
+    if encoded > MAX_ENCODED:
+        raise ConfigError(f"{what} is {encoded / 2**20:.1f} MiB encoded, more than the {MAX_ENCODED >> 20} MiB "
                           "the driver accepts: save it to storage the driver reads and return its path")
     return tree
 
@@ -68,6 +71,8 @@ def _enc(v, where: str, depth: int, size: list):
     if isinstance(v, (bytes, bytearray, memoryview)):
         data = bytes(v)
         size[0] += len(data) * 4 // 3
+        if size[0] > MAX_ENCODED:
+            return ["y", ""]  # too large: encode() refuses it without encoding it
         return ["y", base64.b64encode(data).decode("ascii")]
     if isinstance(v, (list, tuple)):
         items = [_enc(x, f"{where}[{i}]", depth + 1, size) for i, x in enumerate(v)]
@@ -82,13 +87,18 @@ def _enc(v, where: str, depth: int, size: list):
     np = _numpy(v)
     if np is not None:
         if isinstance(v, np.generic):
-            return _enc(v.item(), where, depth, size)
+            item = v.item()
+            if isinstance(item, np.generic):  # no Python equivalent (longdouble): as a 0-d array
+                return _enc(np.asarray(v), where, depth, size)
+            return _enc(item, where, depth, size)
         if isinstance(v, np.ndarray):
             if v.dtype.kind not in _DTYPE_KINDS:
                 raise ConfigError(f"{where} is a numpy array of dtype {v.dtype}: only plain numbers, bools and "
                                   "fixed-width strings travel (no object arrays)")
+            size[0] += v.nbytes * 4 // 3
+            if size[0] > MAX_ENCODED:
+                return ["a", ["|u1", [0], ""]]  # too large: encode() refuses it without encoding it
             data = np.ascontiguousarray(v).tobytes()
-            size[0] += len(data) * 4 // 3
             return ["a", [v.dtype.str, list(v.shape), base64.b64encode(data).decode("ascii")]]
     _refuse(v, where)
 
@@ -114,7 +124,7 @@ def decode(tree, depth: int = 0):
         return p
     if tag == "i" and isinstance(p, int) and not isinstance(p, bool):
         return p
-    if tag == "I" and isinstance(p, str) and p.lstrip("-").isdigit() and len(p) < 4300:
+    if tag == "I" and isinstance(p, str) and len(p) < 4300 and re.fullmatch(r"-?[0-9]+", p):
         return int(p)
     if tag == "f":
         if isinstance(p, (int, float)) and not isinstance(p, bool):
@@ -155,16 +165,20 @@ def _b64(text: str) -> bytes:
 def _array(dtype, shape, data):
     import numpy as np
 
-    if not (isinstance(dtype, str) and len(dtype) < 16 and isinstance(shape, list) and isinstance(data, str)
+    if not (isinstance(dtype, str) and len(dtype) < 16 and isinstance(shape, list) and len(shape) <= 32
+            and isinstance(data, str)
             and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2 ** 40 for d in shape)):
         raise ProtocolError("value: malformed array")
     try:
         dt = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ProtocolError("value: unknown array dtype") from None
-    if dt.kind not in _DTYPE_KINDS:
+    if dt.kind not in _DTYPE_KINDS or dt.itemsize == 0:
         raise ProtocolError("value: array dtype not allowed")
     raw = _b64(data)
     if len(raw) != math.prod(shape) * dt.itemsize:
         raise ProtocolError("value: array data does not match its shape")
-    return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+    try:
+        return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+    except ValueError:
+        raise ProtocolError("value: array data does not match its shape") from None

@@ -188,7 +188,9 @@ def driver_report(conf: dict, environ: dict) -> dict:
             with open(core, encoding="utf-8") as f:
                 text = f.read()
             report["hadoop_conf_readable"] = True
-            report["kerberos"] = "kerberos" in text.split("hadoop.security.authentication", 1)[-1][:200]
+            from tfos.data.hadoop_conf import site_properties
+
+            report["kerberos"] = site_properties(text).get("hadoop.security.authentication", "").lower() == "kerberos"
         except OSError:
             report["hadoop_conf_readable"] = False
         if report.get("kerberos"):
@@ -269,6 +271,8 @@ def expected_executors(master: str, conf: dict) -> int | None:
 def executors_expected(sc, conf: dict, wait: float = 60.0) -> int:
     """One task per executor: as many as the application asked for, once they registered (up to
     ``wait`` seconds), else as many as there are."""
+    if sc.master == "local" or sc.master.startswith("local["):
+        return 1  # the driver's own executor
     want = expected_executors(sc.master, conf)
     deadline = time.monotonic() + wait
     while True:

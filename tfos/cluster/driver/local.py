@@ -91,16 +91,20 @@ class LocalHost:
             def started(proc):
                 with self._lock:
                     self._agents[group].append(proc)
-                    cancelled = group in self._cancelled
-                if cancelled:
+                    stopped = group in self._cancelled or bool(errors)
+                if stopped:
                     processes.terminate(proc, 10.0, "node agent")
 
             def task(i):
                 try:
                     gpus = self.gpus[i] if i < len(self.gpus) else ()
                     lines[i] = next(start_node(cluster, program, i, host, gpus, None, started))
-                except BaseException as e:  # the stage fails with the first task's error, as Spark's would
-                    errors.append(e)
+                except BaseException as e:  # the stage fails at once with this error, as Spark's barrier stage does
+                    with self._lock:
+                        errors.append(e)
+                        agents = list(self._agents.get(group, ()))
+                    for proc in agents:  # the other tasks' agents end, so their threads return now
+                        processes.terminate(proc, 10.0, "node agent")
 
             threads = [threading.Thread(target=task, args=(i,), name=f"tfos-local-node-{i}", daemon=True)
                        for i in range(n)]

@@ -24,8 +24,8 @@ def script_siblings(script: str) -> tuple[tuple[str, bytes], ...]:
     out, total, skipped = [], 0, []
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
-        if (not name.endswith(".py") or name.startswith(".") or os.path.samefile(path, script)
-                or not os.path.isfile(path)):
+        if not name.endswith(".py") or name.startswith(".") or not os.path.isfile(path) or os.path.samefile(path,
+                                                                                                         script):
             continue
         size = os.path.getsize(path)
         if len(out) >= MAX_SIBLINGS or total + size > MAX_SIBLING_BYTES:

@@ -46,6 +46,7 @@ class NodeContext:
         self.cluster_spec = topology.cluster_spec(spec_nodes or nodes)
         self.tf_config = topology.tf_config(spec_nodes or nodes, self.node_index)
         self.gpus = list(cfg.gpus)
+        self.encrypted = cfg.cluster.key.encrypt  # TF's and Gloo's traffic goes through the node tunnel
         self.host = cfg.host
         self.defaultFS = context_default_fs(cfg.cluster.default_fs)
         self.working_dir = cfg.working_dir

@@ -16,6 +16,10 @@
 Transport errors are turned into tfos errors here, once: a closed or reset connection is
 :class:`~tfos.errors.ChannelClosed`; ``socket.timeout`` passes through for callers that name
 their own timeout setting.
+
+One module past 450 lines because the frame reader and the record layer share the receive
+buffer (records are opened in place where frames land) and the senders' staging: the seam
+between framing and records runs through those buffers, not between functions.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ Decoding is typed: each field is checked against its annotation (ints, floats, s
 bools, tuples, dicts with string keys, optional values and nested registered types), so a
 malformed message is a :class:`~tfos.errors.ProtocolError`, never a half-built object.
 Nothing is ever unpickled from a socket.
+
+One module on purpose, past 450 lines: it is the registry, the one place that lists every type
+that crosses a process boundary (the wire protocol of docs/design.md §3); each part is a handful
+of dataclass fields, and splitting it would scatter the protocol over files.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ exits and failures, reported metrics (runs on the driver).
 Thread-safe. Its lock is its own: other modules wait with :meth:`NodeRegistry.wait_until` (one
 deadline, a timeout that names the setting) and read with :meth:`NodeRegistry.snapshot` (a
 consistent, immutable copy), and change state only through its methods.
+
+One module past 450 lines: every handler mutates the same node states under the one lock; the
+rendezvous store is already its own module (``rendezvous``) and the pure liveness rule lives in
+``lifecycle``; what stays here is the state and its lock, which must not be split.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ nodes. Every path that meets a node failure (``start``, ``train``, ``inference``
 the monitor thread) calls :meth:`Supervisor.handle_failures`, and every decision is
 :func:`tfos.cluster.driver.lifecycle.failure_policy`: restart every node, go on without the node
 (recorded in ``lost_nodes``), or fail the cluster with every attempt's failures.
+
+One module past 450 lines: it is the one owner of the cluster's phases (start, restarts, the
+monitor, shutdown); the pure decisions already live in ``lifecycle``, and what is left is the
+sequence that carries them out, which reads best in one place.
 """
 
 from __future__ import annotations

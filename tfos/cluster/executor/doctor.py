@@ -4,7 +4,9 @@ Spark task's Python worker, and on the driver for comparison).
 Everything is read without importing TensorFlow: versions from the installed distributions,
 builds from their cache paths, GPUs from Spark's task resources and nvidia-smi. The driver's
 address is tried with a TCP connection that must be answered with the banner the doctor's
-listener sends, within a deadline.
+listener sends, within a deadline. That connection is the one socket of the doctor outside
+tfos.wire: it carries no job data and no secret, only the route test a node's first connection
+makes (a tfos channel would add a handshake whose failure would hide which of the two failed).
 """
 
 from __future__ import annotations

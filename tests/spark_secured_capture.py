@@ -28,6 +28,25 @@ def count_marked(mark, ctx):
     ctx.report(rows=rows, seen=seen)
 
 
+def job_ports(cluster) -> set[int]:
+    """The ports a tfos job listens on: the control service, the feed hubs, the node tunnels."""
+    return {cluster.service.port} | {p for n in cluster.nodes for p in (n["feed_port"], n["tunnel_port"]) if p}
+
+
+def feed_marked(cluster, rdd) -> dict:
+    """Feed ``rdd`` to a started cluster under a capture of loopback, shut it down; the marker copies
+    found on its ports, whether it was encrypted, and the rows and markers its nodes read."""
+    cap = Capture("lo")
+    try:
+        cluster.train(rdd, num_epochs=1)
+        cluster.shutdown(timeout=120)
+    finally:
+        cap.stop()
+    metrics = list(cluster.metrics().values())
+    return {"copies": cap.payload(job_ports(cluster)).count(MARK.encode()), "encrypted": cluster.config.key.encrypt,
+            "rows": sum(m["rows"] for m in metrics), "seen": sum(m["seen"] for m in metrics)}
+
+
 class Keep(logging.Handler):
     def __init__(self):
         super().__init__(logging.WARNING)
@@ -53,16 +72,7 @@ def main():
     for name, encrypt in (("clear", False), ("default", None)):
         cluster = TFCluster.run(sc, count_marked, MARK, 2, 0, input_mode=InputMode.SPARK, encrypt=encrypt,
                                 report_interval=0.1, progress=False)
-        cap = Capture("lo")
-        try:
-            cluster.train(rdd, num_epochs=1)
-            cluster.shutdown(timeout=120)
-        finally:
-            cap.stop()
-        ports = {cluster.service.port} | {p for n in cluster.nodes for p in (n["feed_port"], n["tunnel_port"]) if p}
-        metrics = list(cluster.metrics().values())
-        out[name] = {"copies": cap.payload(ports).count(MARK.encode()), "encrypted": cluster.config.key.encrypt,
-                     "rows": sum(m["rows"] for m in metrics), "seen": sum(m["seen"] for m in metrics)}
+        out[name] = feed_marked(cluster, rdd)
     out["warnings"] = kept.lines
     spark.stop()
     print("RESULT " + json.dumps(out), flush=True)

@@ -7,37 +7,22 @@ import socket
 
 import pytest
 
-from spark_secured_capture import MARK, ROWS, count_marked  # the marked feed: 16-byte markers, 4 per row
+from spark_secured_capture import MARK, ROWS, count_marked, feed_marked, job_ports  # 16-byte markers, 4 per row
 from tfos import InputMode
-
-
-def _ports(cluster) -> set[int]:
-    ports = {cluster.service.port}
-    for n in cluster.nodes:
-        ports |= {n["feed_port"], n["tunnel_port"]} - {0}
-    return ports
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a packet capture needs root")
 def test_the_marked_feed_is_readable_on_the_wire_clear_and_absent_encrypted(tfos_cluster, sc):
     """8,000 marker copies are fed in 2,000 rows: a capture of the job's ports holds them all in clear,
     none encrypted, while the nodes read every copy intact."""
-    from capture import Capture
-
     rdd = sc.parallelize(range(ROWS), 4).map(lambda i: (MARK * 4, i))  # made in the feeding tasks' Python
     found = {}
     for encrypt in (False, True):
         cluster = tfos_cluster(2, 0, input_mode=InputMode.SPARK, encrypt=encrypt, report_interval=0.1)
         cluster.start(count_marked, MARK)
-        cap = Capture("lo")
-        try:
-            cluster.train(rdd, num_epochs=1)
-            cluster.shutdown(timeout=120)
-        finally:
-            cap.stop()
-        metrics = cluster.metrics().values()
-        assert sum(m["rows"] for m in metrics) == ROWS and sum(m["seen"] for m in metrics) == 4 * ROWS
-        found[encrypt] = cap.payload(_ports(cluster)).count(MARK.encode())
+        fed = feed_marked(cluster, rdd)
+        assert fed["rows"] == ROWS and fed["seen"] == 4 * ROWS
+        found[encrypt] = fed["copies"]
     print(f"marker copies on the wire: clear {found[False]}, encrypted {found[True]}")
     assert found[False] >= 4 * ROWS and found[True] == 0, found
 

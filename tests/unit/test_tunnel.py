@@ -5,6 +5,7 @@ tests (known-answer vectors, relays), run by cargo."""
 
 import json
 import os
+import pathlib
 import shutil
 import socket
 import subprocess
@@ -184,7 +185,8 @@ def test_the_crates_own_tests_pass():
     assert cargo, "cargo is needed (Rust): the node tunnel is built with it"
     from tfos.host.private import user_cache_dir
 
-    env = dict(os.environ, CARGO_TARGET_DIR=user_cache_dir("tunnel-target"))
+    vectors = pathlib.Path(__file__).resolve().parents[1] / "vectors" / "channel-v5.json"
+    env = dict(os.environ, CARGO_TARGET_DIR=user_cache_dir("tunnel-target"), TFOS_VECTORS=str(vectors))
     out = subprocess.run([cargo, "test", "--release", "--locked", "--manifest-path", str(build.CRATE / "Cargo.toml")],
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

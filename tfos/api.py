@@ -24,7 +24,8 @@ from tfos.cluster.driver.lifecycle import Phase
 from tfos.cluster.driver.progress import quiet_py4j
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.service import listen
-from tfos.cluster.driver.settings import (check_picklable, cluster_config, require_mlflow, seconds as _seconds,
+from tfos.cluster.driver.settings import (ClusterShape, RestartSettings, Supervision, check_picklable,
+                                          cluster_config, require_mlflow, seconds as _seconds, size_range,
                                           validate_reserve)
 from tfos.cluster.driver.supervisor import Supervisor
 from tfos.errors import ClusterStateError, ConfigError, NodeFailedError, TFOSError
@@ -46,10 +47,11 @@ class TFCluster:
 
     InputMode = InputMode
 
-    def __init__(self, spark, roles, backend, cluster: M.ClusterConfig, default_input_mode: InputMode,
-                 timeline_path: str | None, progress: bool, address: S.ControlAddress):
+    def __init__(self, spark, shape: ClusterShape, backend, cluster: M.ClusterConfig, default_input_mode: InputMode,
+                 timeline_path: str | None, progress: bool, address: S.ControlAddress, *,
+                 restarts: RestartSettings, supervision: Supervision):
         self.spark = S.spark_entry(spark)  # ClassicSpark or ConnectSpark
-        self.roles = roles
+        roles = list(cluster.roles)
         self.backend = backend
         self.cluster_id = cluster.cluster_id
         self.registry = NodeRegistry(cluster.cluster_id, roles, max_wait=cluster.reservation_timeout)
@@ -58,11 +60,11 @@ class TFCluster:
         self.service = listen(self.registry, self.scheduler.handlers(), cluster.key, address)
         config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
-        self.supervisor = Supervisor(self.spark, roles, backend, config, self.registry, self.scheduler)
-        self.supervisor.on_release = self._on_release
+        self.supervisor = Supervisor(self.spark, shape, backend, config, self.registry, self.scheduler,
+                                     restarts=restarts, supervision=supervision, on_attempt=self._on_attempt,
+                                     on_release=self._on_release, close_feeds=lambda: self.feeds.close_feeds())
         self.feeds = FeedJobs(self.spark, self.registry, self.scheduler, config, self.supervisor.feed_check_failed,
                               self._abort)
-        self.supervisor.feeds = self.feeds
         self.lifecycle = self.supervisor.lifecycle
         self._default_input_mode = default_input_mode
         self._tensorboard = None
@@ -75,6 +77,8 @@ class TFCluster:
 
     # what the supervisor holds, as the cluster's attributes
     config = property(lambda self: self.supervisor.config, doc="this attempt's ClusterConfig")
+    roles = property(lambda self: self.supervisor.roles,
+                     doc="this attempt's roles by node index (fewer after a restart at a smaller size)")
     input_mode = property(lambda self: self.supervisor.input_mode, doc="set by start()")
     restarts = property(lambda self: self.supervisor.restarts, doc="each failure that restarted the cluster")
     lost_nodes = property(lambda self: self.supervisor.lost_nodes,
@@ -87,7 +91,8 @@ class TFCluster:
         return self.supervisor.config.attempt
 
     @classmethod
-    def reserve(cls, sc, num_executors: int, num_ps: int = 0, *, master_node: str | None = "chief",
+    def reserve(cls, sc, num_executors, num_ps: int = 0, *, min_executors: int | None = None,
+                size_wait: float = 15.0, master_node: str | None = "chief",
                 eval_node: bool = False, reservation_timeout: float = 600, num_gpus: int = 0,
                 env: dict | None = None, log_dir: str | None = None, release_port: bool = True,
                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 30.0,
@@ -104,6 +109,12 @@ class TFCluster:
 
         ``sc``: a SparkContext, a SparkSession, or a Spark Connect SparkSession (then the data
         to feed must be DataFrames; the control service runs in this client, see docs/design.md).
+
+        ``num_executors`` may be a range: ``min_executors=M`` (or ``num_executors=(M, N)``) starts
+        with as many nodes as Spark offers within ``size_wait`` seconds (at least M, at most N),
+        and a restart after a failure (``max_restarts``) runs on the slots Spark offers once
+        ``restart_backoff`` passed, at least M, instead of waiting for the lost ones
+        (docs/elastic.md). Only the last workers come and go; every other node keeps its role.
 
         Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
         an evaluator if ``eval_node``, then workers. Fails with ReservationTimeoutError when
@@ -151,8 +162,17 @@ class TFCluster:
         TF then reads its import-time environment before main_fun runs: put such settings
         (``TF_ENABLE_ONEDNN_OPTS``, ``TF_CPP_MIN_LOG_LEVEL``) in ``env``, or pass False.
         """
+        min_nodes, num_executors = size_range(num_executors, min_executors)
         validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
                          InputMode.TENSORFLOW if input_mode is None else input_mode, num_gpus, max_restarts)
+        shape = ClusterShape(num_ps, master_node, eval_node)
+        if min_nodes < shape.smallest:
+            raise ConfigError(f"min_executors={min_nodes} leaves no node to train after {num_ps} ps node(s)"
+                              f"{' and 1 evaluator' if eval_node else ''}; raise min_executors")
+        restarts = RestartSettings(max_restarts, _seconds("restart_backoff", restart_backoff, allow_zero=True),
+                                   min_nodes, num_executors, _seconds("size_wait", size_wait, allow_zero=True))
+        supervision = Supervision(None if stall_timeout is None else _seconds("stall_timeout", stall_timeout),
+                                  bool(allow_unprotected))
         if tensorboard:
             from tfos.cluster.driver.tensorboard import require_tensorboard
 
@@ -161,9 +181,13 @@ class TFCluster:
             require_mlflow()
         quiet_py4j()
         spark = S.spark_entry(sc)
-        if (spark.conf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
+        if restarts.elastic and spark.slots_offered() is None:
+            raise ConfigError("min_executors needs a Spark that says how many task slots it offers (a classic "
+                              "SparkContext/SparkSession); a Spark Connect client cannot ask: leave min_executors out")
+        if (spark.conf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true" and not restarts.elastic:
             logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
-                           "nodes; disable dynamic allocation for tfos jobs")
+                           "nodes; disable dynamic allocation for tfos jobs, or give a size range (min_executors) "
+                           "and max_restarts so that the cluster restarts on the executors there are")
         from tfos.backends import make_backend
 
         backend_obj = make_backend(backend, transport, **(backend_options or {}))
@@ -176,22 +200,28 @@ class TFCluster:
             raise ConfigError(refused)
         if accepted:
             logger.warning("tfos: %s", accepted)
-        roles = topology.assign_roles(num_executors, num_ps, master_node, eval_node)
-        slots = spark.wait_for_slots(num_executors, reservation_timeout)
-        if slots is not None:
-            logger.info("tfos: %d task slots available for %d nodes", slots, num_executors)
+        if restarts.elastic:
+            size = S.wait_for_size(spark.slots_offered, min_nodes, num_executors, reservation_timeout, size_wait)
+            logger.info("tfos: starting %d of %d nodes (min_executors=%d)", size, num_executors, min_nodes)
+        else:
+            size = num_executors
+            slots = spark.wait_for_slots(num_executors, reservation_timeout)
+            if slots is not None:
+                logger.info("tfos: %d task slots available for %d nodes", slots, num_executors)
+        roles = shape.roles(size)
         address = spark.control_address(os.environ)
         log_dir = log_dir or tempfile.mkdtemp(prefix="tfos-logs-")
-        config = cluster_config(address, roles, reservation_timeout, log_dir, spark.default_fs(), num_gpus, env,
-                                release_port, preimport_tensorflow, heartbeat_interval, heartbeat_timeout,
-                                stop_grace_secs, timeline, report_interval, mlflow or mlflow_run is not None,
-                                checkpoint_dir, node_output, encrypt=encrypted, gpus_per_node=gpus_per_node)
+        config = cluster_config(address, shape.roles(num_executors), reservation_timeout=reservation_timeout,
+                                log_dir=log_dir, default_fs=spark.default_fs(), num_gpus=num_gpus, env=env,
+                                release_port=release_port, preimport_tensorflow=preimport_tensorflow,
+                                heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+                                stop_grace_secs=stop_grace_secs, timeline=timeline, report_interval=report_interval,
+                                metric_history=mlflow or mlflow_run is not None, checkpoint_dir=checkpoint_dir,
+                                node_output=node_output, encrypt=encrypted, gpus_per_node=gpus_per_node)
+        config = dataclasses.replace(config, roles=tuple(roles))  # gpus_per_node was sized for num_executors
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
-        cluster = cls(spark, roles, backend_obj, config, default_mode, timeline, progress, address)
-        cluster.supervisor.max_restarts = max_restarts
-        cluster.supervisor.allow_unprotected = bool(allow_unprotected)
-        cluster.supervisor.restart_backoff = _seconds("restart_backoff", restart_backoff, allow_zero=True)
-        cluster.supervisor.stall_timeout = None if stall_timeout is None else _seconds("stall_timeout", stall_timeout)
+        cluster = cls(spark, shape, backend_obj, config, default_mode, timeline, progress, address,
+                      restarts=restarts, supervision=supervision)
         if mlflow or mlflow_run is not None:
             cluster._open_tracker(mlflow_run, mlflow_experiment, {
                 "num_executors": num_executors, "num_ps": num_ps, "master_node": master_node, "eval_node": eval_node,
@@ -279,6 +309,10 @@ class TFCluster:
         self.supervisor.start((main_fun, tf_args, self.backend.node_hooks()), input_mode, show_progress)
         self.feeds.cluster = self.config
         return self
+
+    def _on_attempt(self, config: M.ClusterConfig) -> None:
+        """The supervisor started a new attempt (a restart): the feeds address its nodes."""
+        self.feeds.cluster = config
 
     def _open_tracker(self, run, experiment, params: dict) -> None:
         from tfos.cluster.driver.tracking import attach

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
@@ -86,6 +87,27 @@ class ClusterStateError(TFOSError):
     """An API call that the cluster's current state does not allow."""
 
 
+class Cause(str, enum.Enum):
+    """Why a node's TF process ended, as a value the driver decides on (it travels on
+    ``NodeExited.cause`` and ``NodeFailure.cause``); the sentence in ``reason`` is for people."""
+
+    EXITED = "exited"  # it ended on its own: an exit code (0: finished)
+    RAISED = "raised"  # main_fun raised (the traceback says what)
+    KILLED = "killed"  # a signal the node agent did not send (most often the kernel's OOM killer)
+    STOPPED = "stopped"  # the driver asked (a restart, the end, a shrink)
+    EVICTED = "evicted"  # the node agent got SIGTERM: its executor is being stopped (preemption, decommission)
+    EXECUTOR_LOST = "executor_lost"  # the executor JVM that hosted the agent is gone
+    TUNNEL_LOST = "tunnel_lost"  # the node's encrypting tunnel exited: TF and Gloo lost their network
+    DRIVER_LOST = "driver_lost"  # the agent heard nothing from the driver for heartbeat_timeout
+    AGENT_LOST = "agent_lost"  # the driver heard nothing from the agent (its executor or host died)
+    AGENT_ERROR = "agent_error"  # the node agent itself failed
+    DUPLICATE = "duplicate"  # Spark started the node a second time
+
+
+#: causes that the loss of the node's executor or host may explain (Spark then knows why)
+EXECUTOR_CAUSES = frozenset({Cause.EXECUTOR_LOST, Cause.AGENT_LOST, Cause.KILLED, Cause.EVICTED})
+
+
 @dataclass
 class NodeFailure:
     """Why one node failed, as the driver learned it."""
@@ -101,6 +123,7 @@ class NodeFailure:
     log_path: str = ""
     retryable: bool = True  # False: main_fun raised NonRetryable or ConfigError (no restart helps)
     attempt: int = 0  # which start of the cluster it happened in (0: the first; see max_restarts)
+    cause: Cause = Cause.EXITED
 
 
 class NodeFailedError(TFOSError):

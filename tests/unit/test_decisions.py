@@ -6,6 +6,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import re
+
 import pytest
 
 from tfos import topology as T
@@ -426,21 +428,26 @@ def test_check_advertised_refuses_loopback_for_remote_executors(advertise, maste
         check_advertised(address, master, resolve)
 
 
-@pytest.mark.parametrize("retryable,done,max_restarts,running,action,reason", [
-    ((True,), 0, 0, True, "FAIL", "max_restarts=0"),
-    ((True,), 0, 1, True, "RESTART", "restart 1 of 1"),
-    ((True, True), 1, 2, True, "RESTART", "restart 2 of 2"),
-    ((True,), 2, 2, True, "FAIL", "all 2 restart(s)"),
-    ((False,), 0, 3, True, "FAIL", "NonRetryable"),
-    ((True, False), 0, 3, True, "FAIL", "NonRetryable"),
-    ((True,), 0, 3, False, "FAIL", "not running"),  # still starting, or already ended
+@pytest.mark.parametrize("retryable,done,max_restarts,running,resumable,final,action,reason", [
+    ((True,), 0, 0, True, True, False, "FAIL", "max_restarts=0"),
+    ((True,), 0, 1, True, True, False, "RESTART", "restart 1 of 1"),
+    ((True, True), 1, 2, True, True, False, "RESTART", "restart 2 of 2"),
+    ((True,), 2, 2, True, True, False, "FAIL", "all 2 restart(s)"),
+    ((False,), 0, 3, True, True, False, "FAIL", "NonRetryable"),
+    ((True, False), 0, 3, True, True, False, "FAIL", "NonRetryable"),
+    ((True,), 0, 3, False, True, False, "FAIL", "not running"),  # still starting, or already ended
+    # InputMode.SPARK: no train() waiting: hold until one comes; shutdown() waiting: nothing to resume
+    ((True,), 0, 1, True, False, False, "HOLD", "next train()"),
+    ((True,), 0, 1, True, False, True, "FAIL", "feeds ended"),
+    ((True,), 1, 1, True, False, False, "FAIL", "all 1 restart(s)"),  # no restart left: fail at once
 ])
-def test_failure_policy_restart_or_fail(retryable, done, max_restarts, running, action, reason):
-    from tfos.cluster.driver.lifecycle import Action, failure_policy
+def test_failure_policy_restart_or_fail(retryable, done, max_restarts, running, resumable, final, action, reason):
+    from tfos.cluster.driver.lifecycle import Action, ClusterView, decide
     from tfos.errors import NodeFailure
 
-    failures = [NodeFailure(i, "worker", i, "h", "boom", retryable=r) for i, r in enumerate(retryable)]
-    d = failure_policy(failures, max_restarts=max_restarts, restarts_done=done, running=running)
+    failures = tuple(NodeFailure(i, "worker", i, "h", "boom", retryable=r) for i, r in enumerate(retryable))
+    d = decide(ClusterView(failures, max_restarts=max_restarts, restarts_done=done, running=running,
+                           resumable=resumable, final=final))
     assert d.action is Action[action] and reason in d.reason
 
 
@@ -455,13 +462,59 @@ def test_failure_policy_restart_or_fail(retryable, done, max_restarts, running, 
     ("worker", (), 1, True, 1, "RESTART"),             # MWMS/Horovod: a collective needs every rank
 ])
 def test_failure_policy_losing_a_node(job, survivable, peers, started, max_restarts, action):
-    from tfos.cluster.driver.lifecycle import Action, failure_policy
+    from tfos.cluster.driver.lifecycle import Action, ClusterView, decide
     from tfos.errors import NodeFailure
 
-    d = failure_policy([NodeFailure(1, job, 1, "h", "killed")], max_restarts=max_restarts, restarts_done=0,
-                       running=True, survivable_jobs=survivable, peers_running=peers, all_started=started)
+    d = decide(ClusterView((NodeFailure(1, job, 1, "h", "killed"),), max_restarts=max_restarts,
+                           survivable_jobs=survivable, peers_running=peers, all_started=started))
     assert d.action is Action[action]
 
+
+@pytest.mark.parametrize("offered,lo,hi,waited,size_wait,expected", [
+    (4, 2, 4, 0.0, 15.0, 4),      # all offered: at once
+    (6, 2, 4, 0.0, 15.0, 4),      # more than asked: the max
+    (None, 2, 4, 0.0, 15.0, 4),   # Spark cannot say: the max (the barrier stage waits)
+    (3, 2, 4, 1.0, 15.0, None),   # fewer: wait size_wait for more
+    (3, 2, 4, 15.0, 15.0, 3),     # ... then start with what is offered
+    (3, 2, 4, 0.0, 0.0, 3),       # size_wait=0: at once
+    (1, 2, 4, 99.0, 15.0, None),  # below min: wait on (reservation_timeout ends it)
+    (2, 2, 2, 0.0, 15.0, 2),
+])
+def test_size_to_start_table(offered, lo, hi, waited, size_wait, expected):
+    from tfos.cluster.driver.settings import size_to_start
+
+    assert size_to_start(offered, lo, hi, waited, size_wait) == expected
+
+
+@pytest.mark.parametrize("num_executors,min_executors,expected", [
+    (4, None, (4, 4)), (4, 2, (2, 4)), ((2, 4), None, (2, 4)), ([3, 3], None, (3, 3)),
+    (4, 5, "min_executors must be an int from 1 to num_executors=4"), (4, 0, "from 1"),
+    ((2, 4), 2, "without min_executors="), ((1, 2, 3), None, "as a range"), (0, None, "positive int"),
+    (4, True, "from 1"),
+])
+def test_size_range_table(num_executors, min_executors, expected):
+    from tfos.cluster.driver.settings import size_range
+    from tfos.errors import ConfigError
+
+    if isinstance(expected, str):
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            size_range(num_executors, min_executors)
+    else:
+        assert size_range(num_executors, min_executors) == expected
+
+
+@pytest.mark.parametrize("shape,size,expected", [
+    ((0, "chief", False), 3, [("chief", 0), ("worker", 0), ("worker", 1)]),
+    ((0, "chief", False), 2, [("chief", 0), ("worker", 0)]),
+    ((1, "chief", True), 4, [("ps", 0), ("chief", 0), ("evaluator", 0), ("worker", 0)]),
+    ((0, None, False), 2, [("worker", 0), ("worker", 1)]),
+])
+def test_a_smaller_cluster_keeps_every_remaining_nodes_role(shape, size, expected):
+    from tfos.cluster.driver.settings import ClusterShape
+
+    s = ClusterShape(*shape)
+    assert s.roles(size) == expected and s.roles(size + 2)[:size] == expected
+    assert s.smallest == shape[0] + (1 if shape[2] else 0) + 1
 
 
 @pytest.mark.parametrize("assigned,started,partitions,live,expected", [

@@ -19,30 +19,54 @@ YARN_PMEM = ("Container killed by YARN for exceeding physical memory limits. 2.4
              "used. Consider boosting spark.executor.memoryOverhead.")
 
 
-@pytest.mark.parametrize("reason,removed,expect", [
-    ("the TF process raised an exception", [_removed("2", "h1", YARN_PMEM)], []),   # not a loss: nothing to add
-    ("TF process exited with code -15 (killed by signal 15); the node agent stopped it: the executor JVM (pid 7) "
-     "is gone", [_removed("2", "h1", YARN_PMEM)], ["executor 2 on h1", "exceeding physical memory",
-                                                   "raise spark.executor.memoryOverhead"]),
-    ("lost contact with the node agent", [_removed("3", "h2", "Executor heartbeat timed out"),
-                                          _removed("2", "h1", "Command exited with code 1")],
+@pytest.mark.parametrize("cause,removed,expect", [
+    ("RAISED", [_removed("2", "h1", YARN_PMEM)], []),   # not a loss: nothing to add
+    ("EXITED", [_removed("2", "h1", YARN_PMEM)], []),
+    ("STOPPED", [_removed("2", "h1", YARN_PMEM)], []),
+    ("EXECUTOR_LOST", [_removed("2", "h1", YARN_PMEM)], ["executor 2 on h1", "exceeding physical memory",
+                                                          "raise spark.executor.memoryOverhead"]),
+    ("AGENT_LOST", [_removed("3", "h2", "Executor heartbeat timed out"),
+                    _removed("2", "h1", "Command exited with code 1")],
      ["executor 2 on h1: Command exited with code 1", "!h2", "!memoryOverhead"]),  # the node's host only
-    ("lost contact with the node agent", [_removed("3", "h2", "OOMKilled")], ["executor 3 on h2", "memoryOverhead"]),
-    ("lost contact with the node agent", [_removed("2", "h1", YARN_PMEM, t=10.0)], []),  # before this attempt
-    ("lost contact with the node agent", [], []),
-    # the agent's heartbeat connection closed with its container: YARN's reason explains it
-    ("lost the node agent: its connection to the driver closed and it did not come back within 2s",
-     [_removed("2", "h1", YARN_PMEM)], ["executor 2 on h1", "raise spark.executor.memoryOverhead"]),
+    ("AGENT_LOST", [_removed("3", "h2", "OOMKilled")], ["executor 3 on h2", "memoryOverhead"]),
+    ("AGENT_LOST", [_removed("2", "h1", YARN_PMEM, t=10.0)], []),  # before this attempt
+    ("AGENT_LOST", [], []),
+    ("KILLED", [_removed("2", "h1", YARN_PMEM)], ["raise spark.executor.memoryOverhead"]),
+    ("EVICTED", [_removed("2", "h1", "Executor decommission.")], ["executor 2 on h1: Executor decommission"]),
 ])
-def test_an_executor_loss_explains_a_node_failure(reason, removed, expect):
+def test_an_executor_loss_explains_a_node_failure(cause, removed, expect):
     from tfos.cluster.driver.lifecycle import explain_executor_loss
+    from tfos.errors import Cause
 
-    text = explain_executor_loss("h1", reason, removed, since=50.0)
+    text = explain_executor_loss("h1", Cause[cause], removed, since=50.0)
     if not expect:
         assert text == ""
     for e in expect:
         assert (e[1:] not in text) if e.startswith("!") else (e in text), text
 
+
+@pytest.mark.parametrize("code,raised,agent,expected", [
+    (0, False, "EXITED", "EXITED"), (1, False, "EXITED", "EXITED"), (1, True, "EXITED", "RAISED"),
+    (-9, False, "EXITED", "KILLED"), (-15, False, "EVICTED", "EVICTED"), (-15, True, "STOPPED", "STOPPED"),
+    (-15, False, "EXECUTOR_LOST", "EXECUTOR_LOST"), (-15, False, "DRIVER_LOST", "DRIVER_LOST"),
+])
+def test_failure_cause_table(code, raised, agent, expected):
+    from tfos.cluster.driver.lifecycle import failure_cause
+    from tfos.errors import Cause
+
+    assert failure_cause(code, raised, Cause[agent]) is Cause[expected]
+
+
+def test_the_cause_travels_typed_and_a_bad_one_is_refused():
+    from tfos.errors import Cause, ProtocolError
+    from tfos.wire import messages as M
+
+    msg = M.NodeExited("c", 1, -15, "", "", "", False, "the node agent received a termination signal",
+                       cause=Cause.EVICTED)
+    data = M.encode(msg)
+    assert b'"cause":"evicted"' in data and M.decode(data) == msg and M.decode(data).cause is Cause.EVICTED
+    with pytest.raises(ProtocolError, match="NodeExited.cause: not a Cause"):
+        M.decode(data.replace(b'"evicted"', b'"gone fishing"'))
 
 
 def _fine(args, ctx):

@@ -147,3 +147,69 @@ def test_dump_stacks_on_demand():
     text = cluster.dump_stacks(timeout=5)
     assert text.startswith("Where each rank stands:") and "fake node 1: last log line" in text
     cluster._abort(__import__("tfos").TFOSError("done"))
+
+
+# ---------------------------------------------------------------- a size range (min_executors)
+
+def test_a_lost_executor_restarts_the_cluster_smaller_without_waiting_for_it():
+    """3 nodes, min_executors=2: node 2 fails and its slot is gone: the restart runs on the 2 slots
+    Spark offers, far sooner than reservation_timeout; nodes 0 and 1 keep their roles."""
+    spark = FakeSpark(3, scripted({(2, 0): Does.RAISE}), run_secs=0.6)
+    cluster = TFCluster.reserve(spark, 3, min_executors=2, **dict(FAST, max_restarts=1,
+                                                                 reservation_timeout=600))
+    cluster.start(main_fun)
+    spark.slots = 2  # the failed node's executor is gone for good
+    t0 = time.monotonic()
+    cluster.shutdown(timeout=60)
+    assert time.monotonic() - t0 < 15
+    assert spark.started == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]
+    assert cluster.roles == [("chief", 0), ("worker", 0)] and cluster.attempt == 1
+    assert [(r.node_index, r.attempt) for r in cluster.restarts] == [(2, 0)]
+
+
+def test_the_restart_takes_every_slot_there_is_again():
+    """With the lost slot back by the restart, the next attempt runs all 3 nodes."""
+    spark = FakeSpark(3, scripted({(2, 0): Does.RAISE}), run_secs=0.3)
+    cluster = TFCluster.reserve(spark, (2, 3), **dict(FAST, max_restarts=1))
+    cluster.start(main_fun)
+    cluster.shutdown(timeout=60)
+    assert spark.started[3:] == [(0, 1), (1, 1), (2, 1)] and len(cluster.roles) == 3
+
+
+def test_below_min_executors_the_restart_fails_saying_what_spark_offered():
+    spark = FakeSpark(3, scripted({(1, 0): Does.RAISE}, Does.HANG), run_secs=0.3)
+    cluster = TFCluster.reserve(spark, 3, min_executors=2, **dict(FAST, max_restarts=1, size_wait=0,
+                                                                 reservation_timeout=1.5))
+    cluster.start(main_fun)
+    spark.slots = 1
+    with pytest.raises(ReservationTimeoutError, match=r"Spark offers 1 task slot\(s\) after 2s.*min_executors=2"):
+        cluster.shutdown(timeout=60)
+    assert spark.started == [(0, 0), (1, 0), (2, 0)] and cluster.lifecycle.phase is Phase.FAILED
+
+
+def test_a_range_starts_with_what_spark_offers_after_size_wait():
+    spark = FakeSpark(2)
+    t0 = time.monotonic()
+    cluster = TFCluster.reserve(spark, 4, min_executors=2, **dict(FAST, size_wait=0.5))
+    assert 0.4 < time.monotonic() - t0 < 5 and cluster.roles == [("chief", 0), ("worker", 0)]
+    cluster.start(main_fun)
+    cluster.shutdown()
+    assert spark.started == [(0, 0), (1, 0)]
+
+
+def test_the_loop_is_the_only_thread_that_restarts():
+    """Callers waiting in shutdown() and raise_if_failed() at once: one restart, by the loop."""
+    import threading
+
+    spark = FakeSpark(2, scripted({(1, 0): Does.RAISE}), run_secs=0.5)
+    cluster = run(spark, max_restarts=2)
+    callers = [threading.Thread(target=cluster.raise_if_failed) for _ in range(3)]
+    time.sleep(0.55)
+    for t in callers:
+        t.start()
+    cluster.shutdown(timeout=60)
+    for t in callers:
+        t.join(10)
+    assert spark.started == [(0, 0), (1, 0), (0, 1), (1, 1)] and len(cluster.restarts) == 1
+    names = {t.name for t in threading.enumerate()}
+    assert not any(n.startswith("tfos-supervisor") for n in names)

@@ -110,7 +110,7 @@ def test_a_second_copy_of_a_node_is_refused_and_fails_the_cluster(control):
         _client(server, key, node=1).agent_started("h2", 200, 201, "/log")
     assert state.nodes[1].agent.agent_pid == 100
     assert [f.node_index for f in state.failures] == [1] and "spark.task.maxFailures" in state.failures[0].reason
-    assert state.nodes[0].stop  # every node is asked to stop
+    assert not state.nodes[0].stop  # recorded only: the supervisor's loop decides, then stops the nodes
 
 
 def test_unknown_node_index_is_an_error_reply_and_changes_nothing(control):
@@ -219,7 +219,9 @@ def test_get_node_failure_answers_with_the_nodes_error_or_nothing():
     threading.Thread(target=later).start()
     text = reg.on_get_node_failure(M.GetNodeFailure("c", 1, 5)).text
     assert "node 1 (worker:1 on h)" in text and "killed by signal 9" in text
-    # node 0 was stopped because node 1 failed: its feed tasks report node 1's failure
+    # node 0 was stopped because node 1 failed (the supervisor's loop asks every node to stop): its
+    # feed tasks report node 1's failure
+    reg.request_stop([0, 1])
     text = reg.on_get_node_failure(M.GetNodeFailure("c", 0, 0)).text
     assert text.startswith("node 0 was stopped because another node failed") and "killed by signal 9" in text
     with pytest.raises(ProtocolError):

@@ -151,6 +151,10 @@ class FakeSpark:
                                           f"{self.slots} slot(s)")
         return self.slots
 
+    def slots_offered(self) -> int:
+        """``slots``: a test changes it to play executors lost or returning."""
+        return self.slots
+
     def default_fs(self) -> str:
         return "file:///"
 

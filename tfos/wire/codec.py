@@ -7,6 +7,7 @@ object. Nothing is ever unpickled."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import types
 import typing
@@ -38,6 +39,8 @@ def _to_wire(value):
         return [_to_wire(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _to_wire(v) for k, v in value.items()}
+    if isinstance(value, enum.Enum):
+        return value.value
     return value
 
 
@@ -101,6 +104,11 @@ def _check(tp, value, where: str):
         return _check(inner[0], value, where)
     if tp in _REGISTRY.values():
         return _build(tp, value, where)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):  # a str enum travels as its value
+        try:
+            return tp(value)
+        except ValueError:
+            raise ProtocolError(f"{where}: not a {tp.__name__}") from None
     if tp is bool:
         if isinstance(value, bool):
             return value

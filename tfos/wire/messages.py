@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any
 
+from tfos.errors import Cause
 from tfos.wire.codec import PROTOCOL_VERSION, decode, encode, message  # noqa: F401 (the registry's API)
 
 
@@ -189,6 +190,7 @@ class NodeExited:  # agent -> driver
     reason: str = ""  # why the agent stopped the TF process on its own (JVM gone, driver lost, signal)
     retryable: bool = True  # False: main_fun raised NonRetryable/ConfigError (a restart would not help)
     peak_rss_mb: int = 0  # the TF process's peak resident memory as the agent last saw it (0: unknown)
+    cause: Cause = Cause.EXITED  # why it ended; ``reason`` says it in words (EXITED: on its own)
 
 
 @message

@@ -25,7 +25,7 @@ import time
 
 from tfos.cluster.agent import reaper
 from tfos.host.gpus import gpu_environment, pick_gpus
-from tfos.errors import NONRETRYABLE_FILE, TFOSError
+from tfos.errors import NONRETRYABLE_FILE, Cause, TFOSError
 from tfos.host import private, processes
 from tfos.tunnel.agent import NodeTunnel
 from tfos.wire import messages as M
@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 TF_PROCESS_MODULE = "tfos.cluster.node"
 #: How long the agent tries to report the TF process's exit to a driver it can reach.
 REPORT_EXIT_SECS = 15.0
-DRIVER_LOST = "no contact with the driver"
 #: What the agent allows the reaper beyond the stop grace before it SIGKILLs it.
 REAPER_MARGIN_SECS = reaper.KILL_WAIT_SECS + 2.0
 
@@ -170,9 +169,9 @@ class NodeAgent:
         threading.Thread(target=lambda: (self.proc.wait(), self.wake.set()), name="tfos-tf-exit", daemon=True).start()
         logger.info("TF process started under reaper %d for node %d (%s:%d), gpus=%s", self.proc.pid,
                     cfg.node_index, cfg.job_name, cfg.task_index, gpus or "none")
-        why = "error in the node agent"
+        cause, why = Cause.AGENT_ERROR, "error in the node agent"
         try:
-            why = self.supervise()
+            cause, why = self.supervise()
         finally:
             code = self.stop_tf_process()
             if self.tunnel is not None:
@@ -180,9 +179,9 @@ class NodeAgent:
         code = -9 if code is None else code
         peak_rss_mb = processes.children_peak_rss_mb()  # the TF process's: the reaper waited for it
         logger.info("TF process of node %d exited with code %s (%s)", cfg.node_index, code, why or "finished")
-        self.report_exit(code, why == "driver", "" if why in ("", "driver") else why, peak_rss_mb)
+        self.report_exit(code, cause, why, peak_rss_mb)
         self.beats.close()  # after the exit report: the driver never reads this end as the agent's loss
-        if code == 0 or why == "driver":  # a failed node keeps its directory (logs) for debugging
+        if code == 0 or cause is Cause.STOPPED:  # a failed node keeps its directory (logs) for debugging
             logging.shutdown()
             private.remove_tree(cfg.node_dir)
         return 0
@@ -194,33 +193,34 @@ class NodeAgent:
         grace = self.cfg.cluster.stop_grace_secs + REAPER_MARGIN_SECS
         return processes.terminate(self.proc, grace, "TF process reaper")
 
-    def supervise(self) -> str:
-        """Watch the TF process until it exits ("") or must be stopped: "driver" when the driver asked,
-        else a description of why the agent stopped it."""
+    def supervise(self) -> "tuple[Cause, str]":
+        """Watch the TF process until it exits (``Cause.EXITED``) or must be stopped (``Cause.STOPPED``
+        when the driver asked, else why the agent stopped it), with the reason in words ("" when the
+        process ended on its own or the driver asked)."""
         c = self.cfg.cluster
         last_contact = time.monotonic()
         while True:
             self.wake.clear()
             if self.proc.poll() is not None:
-                return ""
+                return Cause.EXITED, ""
             if self.stop_event.is_set():
                 logger.warning("node agent received a termination signal; stopping the TF process")
-                return "the node agent received a termination signal"
+                return Cause.EVICTED, "the node agent received a termination signal"
             ended = self.tunnel.exit_code() if self.tunnel is not None else None
             if ended is not None:
                 logger.error("the node's tunnel exited with code %s; stopping the TF process", ended)
-                return f"the node's tunnel exited with code {ended} (TF and Gloo lost their network; see " \
+                return Cause.TUNNEL_LOST, f"the node's tunnel exited with code {ended} (TF and Gloo lost their network; see " \
                        f"{os.path.join(self.cfg.node_dir, 'tunnel.log')})"
             jvm = self.cfg.jvm_pid
             if jvm and not processes.alive(jvm):
                 logger.error("executor JVM %d is gone; stopping the TF process", jvm)
-                return f"the executor JVM (pid {jvm}) is gone"
+                return Cause.EXECUTOR_LOST, f"the executor JVM (pid {jvm}) is gone"
             try:
                 reply = self.beats.heartbeat_reply(timeout=5.0)
                 last_contact = time.monotonic()
                 if reply.stop:
                     logger.info("driver asked node %d to stop", self.cfg.node_index)
-                    return "driver"
+                    return Cause.STOPPED, ""
                 if reply.dump > self._dumped:  # the driver wants the TF process's stacks (stall, dump_stacks)
                     self._dumped = reply.dump
                     threading.Thread(target=self.send_stacks, args=(reply.dump,), name="tfos-stacks",
@@ -228,7 +228,7 @@ class NodeAgent:
             except (TFOSError, OSError) as e:
                 if time.monotonic() - last_contact > c.heartbeat_timeout:
                     logger.error("lost the driver for %.0fs (%s); stopping the TF process", c.heartbeat_timeout, e)
-                    return f"{DRIVER_LOST} for {c.heartbeat_timeout:.0f}s"
+                    return Cause.DRIVER_LOST, f"no contact with the driver for {c.heartbeat_timeout:.0f}s"
             self.wake.wait(c.heartbeat_interval)
 
     def send_stacks(self, request: int) -> None:
@@ -252,7 +252,7 @@ class NodeAgent:
         except (TFOSError, OSError) as e:
             logger.warning("could not send the TF process's stacks: %s", e)
 
-    def report_exit(self, code: int, stopped_by_driver: bool, reason: str = "", peak_rss_mb: int = 0) -> None:
+    def report_exit(self, code: int, cause: Cause, reason: str = "", peak_rss_mb: int = 0) -> None:
         """Tell the driver how the TF process ended: retried for REPORT_EXIT_SECS, or tried once
         briefly when the driver was already lost (the agent must not linger for a dead driver)."""
         try:
@@ -261,14 +261,15 @@ class NodeAgent:
         except OSError:
             tb = ""
         retryable = not os.path.exists(os.path.join(self.cfg.node_dir, NONRETRYABLE_FILE))
-        driver_lost = reason.startswith(DRIVER_LOST)
+        driver_lost = cause is Cause.DRIVER_LOST
         deadline = time.monotonic() + (2.0 if driver_lost else REPORT_EXIT_SECS)
         attempt = 0
         while True:
             attempt += 1
             try:
                 self.driver.node_exited(code, tb, processes.tail(self.log_path, 40), self.log_path,
-                                        stopped_by_driver, reason, retryable=retryable, peak_rss_mb=peak_rss_mb,
+                                        cause is Cause.STOPPED, reason, retryable=retryable, peak_rss_mb=peak_rss_mb,
+                                        cause=cause,
                                         timeout=max(0.5, min(10.0, deadline - time.monotonic())))
                 return
             except (TFOSError, OSError) as e:

@@ -9,9 +9,9 @@
 
 The first error that fails the cluster is recorded once; every later call re-raises it.
 A restart (``max_restarts``) keeps the phase: the cluster stays RUNNING (or SHUTTING_DOWN) while
-the supervisor stops the failed attempt's nodes and starts the next attempt. What a node failure
-means (restart, go on without the node, fail) is decided by one pure function,
-:func:`failure_policy`.
+the supervisor's control loop stops the failed attempt's nodes and starts the next attempt. What
+node failures mean (restart, go on without the node, hold, fail) is decided by one pure function,
+:func:`decide`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import re
 import signal
 import threading
 
-from tfos.errors import ClusterStateError, TFOSError
+from tfos.errors import EXECUTOR_CAUSES, Cause, ClusterStateError, TFOSError
 
 
 class Phase(enum.Enum):
@@ -88,7 +88,7 @@ class Lifecycle:
 
 @dataclasses.dataclass(frozen=True)
 class NodeLoss:
-    """A node lost while the others went on (``cluster.lost_nodes``; see :func:`failure_policy`)."""
+    """A node lost while the others went on (``cluster.lost_nodes``; see :func:`decide`)."""
 
     time: float  # wall-clock seconds (time.time()) when the driver acted on it
     attempt: int  # the attempt that failed (0: the first start)
@@ -107,6 +107,7 @@ class Restart(NodeLoss):
 class Action(enum.Enum):
     RESTART = "restart every node"
     LOSE_NODE = "go on without the node"
+    HOLD = "hold the failure until a call can resume the feed"
     FAIL = "fail the cluster"
 
 
@@ -116,32 +117,54 @@ class Decision:
     reason: str
 
 
-def failure_policy(failures, *, max_restarts: int, restarts_done: int, running: bool, survivable_jobs=(),
-                   peers_running: int = 0, all_started: bool = False) -> Decision:
-    """Pure: what the node ``failures`` mean for the cluster.
+@dataclasses.dataclass(frozen=True)
+class ClusterView:
+    """What the failure policy decides from (:func:`decide`): the supervisor's snapshot of the
+    cluster when nodes failed."""
+
+    failures: tuple  # NodeFailure of this attempt, not yet acted on
+    max_restarts: int = 0
+    restarts_done: int = 0  # attempts restarted so far
+    running: bool = True  # the cluster started (RUNNING or SHUTTING_DOWN); False while the first attempt starts
+    all_started: bool = True  # every node of this attempt registered
+    survivable_jobs: tuple = ()  # roles the backend can lose (backend='ps': workers)
+    peers_running: int = 0  # for one failure: the other nodes of its role still running
+    resumable: bool = True  # a restart can resume the work: InputMode.TENSORFLOW, or a train() waits to feed
+    final: bool = False  # shutdown() is waiting: no later call will resume a feed
+
+
+def decide(view: ClusterView) -> Decision:
+    """Pure: what node failures mean for the cluster.
 
     * LOSE_NODE: the run goes on without one failed node. Only with restarts on (``max_restarts=0``
       keeps failing fast), for a role the backend can lose (``survivable_jobs``; ``backend='ps'``:
       workers, whose scheduled functions TF's ClusterCoordinator moves to the other workers), once
       every node has started, and while another node of that role runs (``peers_running``).
     * FAIL: the cluster is not running (starting, or already ended), restarts are off, a node
-      raised NonRetryable/ConfigError, or every restart allowed was used; ``reason`` says which.
-    * RESTART: otherwise: stop every node and start them all again.
+      raised NonRetryable/ConfigError, every restart allowed was used, or (InputMode.SPARK) the
+      last feed ended so nothing can be resumed; ``reason`` says which.
+    * HOLD: InputMode.SPARK between feeds: the nodes stop, and the next ``train()`` restarts them.
+    * RESTART: otherwise: stop every node and start them all again (at the size Spark offers).
     """
-    if (len(failures) == 1 and max_restarts > 0 and failures[0].job_name in survivable_jobs and all_started
-            and peers_running > 0):
-        return Decision(Action.LOSE_NODE, f"{peers_running} other {failures[0].job_name} node(s) go on")
-    if not running:
+    failures = view.failures
+    if (len(failures) == 1 and view.max_restarts > 0 and failures[0].job_name in view.survivable_jobs
+            and view.all_started and view.peers_running > 0):
+        return Decision(Action.LOSE_NODE, f"{view.peers_running} other {failures[0].job_name} node(s) go on")
+    if not view.running:
         return Decision(Action.FAIL, "the cluster is not running")
-    if max_restarts <= 0:
+    if view.max_restarts <= 0:
         return Decision(Action.FAIL, "restarts are off (max_restarts=0)")
     fatal = [f for f in failures if not f.retryable]
     if fatal:
         return Decision(Action.FAIL, f"node {fatal[0].node_index} raised NonRetryable or ConfigError, which a "
                                      "restart cannot fix")
-    if restarts_done >= max_restarts:
-        return Decision(Action.FAIL, f"all {max_restarts} restart(s) allowed by max_restarts were used")
-    return Decision(Action.RESTART, f"restart {restarts_done + 1} of {max_restarts}")
+    if view.restarts_done >= view.max_restarts:
+        return Decision(Action.FAIL, f"all {view.max_restarts} restart(s) allowed by max_restarts were used")
+    if not view.resumable:
+        if view.final:
+            return Decision(Action.FAIL, "InputMode.SPARK: the feeds ended, so a restart has no data to resume")
+        return Decision(Action.HOLD, "InputMode.SPARK: the next train() restarts the cluster")
+    return Decision(Action.RESTART, f"restart {view.restarts_done + 1} of {view.max_restarts}")
 
 
 #: Cluster managers' words for a container killed for its memory (YARN's NodeManager, via Spark's
@@ -152,17 +175,22 @@ MEMORY_HINT = ("The node's TF process is a child of the Spark executor, so its m
                "executor's container: raise spark.executor.memoryOverhead (or set spark.executor.pyspark.memory)")
 
 
-def looks_like_executor_loss(reason: str) -> bool:
-    """Pure: a node failure that the loss of its Spark executor may explain."""
-    return any(k in reason for k in ("executor JVM", "lost contact", "lost the node agent", "killed by signal"))
+def failure_cause(exit_code: int, raised: bool, agent_cause: Cause) -> Cause:
+    """Pure: the cause of a node's end from its exit report: the agent's own cause when it stopped
+    the TF process, else RAISED (a traceback), KILLED (a signal) or EXITED (an exit code)."""
+    if agent_cause is not Cause.EXITED:
+        return agent_cause
+    if raised:
+        return Cause.RAISED
+    return Cause.KILLED if exit_code < 0 else Cause.EXITED
 
 
-def explain_executor_loss(host: str, reason: str, removed, since: float) -> str:
-    """Pure: what to add to the ``reason`` a node on ``host`` failed with, from the executors Spark
+def explain_executor_loss(host: str, cause: Cause, removed, since: float) -> str:
+    """Pure: what to add to the reason a node on ``host`` failed with (``cause``), from the executors Spark
     ``removed`` (objects with ``executor_id``, ``host``, ``reason``, ``time``) since ``since``: those
     on the node's host (any, when none was there), each with the reason its cluster manager gave,
     and for a container killed for memory, the setting to raise. "" when nothing explains it."""
-    if not looks_like_executor_loss(reason):
+    if cause not in EXECUTOR_CAUSES:
         return ""
     recent = [r for r in removed if not r.time or r.time >= since]
     chosen = [r for r in recent if r.host == host] or recent

@@ -44,6 +44,9 @@ class LocalHost:
     def wait_for_slots(self, num_executors: int, timeout: float) -> int:
         return num_executors  # no Spark slot is taken
 
+    def slots_offered(self) -> int | None:
+        return None  # no Spark slot is taken: every node starts here
+
     def default_fs(self) -> str:
         return self.spark.default_fs()
 

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 
 from tfos import topology
-from tfos.cluster.driver.lifecycle import agent_lost, exit_reason, shows_progress
+from tfos.cluster.driver.lifecycle import agent_lost, exit_reason, failure_cause, shows_progress
 from tfos.cluster.driver.rendezvous import RendezvousStore
-from tfos.errors import NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
+from tfos.errors import Cause, NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
 from tfos.wire import messages as M
 from tfos.wire import values
 
@@ -76,20 +76,16 @@ class Snapshot:
 
 
 class NodeRegistry:
-    def __init__(self, cluster_id: str, roles: list[tuple[str, int]], on_complete=None, max_wait: float = 600.0):
+    def __init__(self, cluster_id: str, roles: list[tuple[str, int]], max_wait: float = 600.0):
         self.cluster_id = cluster_id
         self.max_wait = max_wait  # server-side bound of a GetClusterSpec wait, whatever the client asks
         self.roles = roles
         self.cond = threading.Condition()
         self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(roles)}
-        self.failures: list[NodeFailure] = []
-        # (failure) -> bool, called with ``cond`` held: True when the run goes on without that node
-        # (the cluster's loss policy); such a node is listed in ``lost``, not in ``failures``
-        self.tolerate = None
-        self.lost: list[int] = []
+        self.failures: list[NodeFailure] = []  # not yet acted on by the supervisor's loop, or fatal
+        self.lost: list[int] = []  # nodes the run goes on without (the supervisor's :meth:`lose`)
         self.abort_reason: str | None = None
-        self.on_complete = on_complete  # nodes -> backend config, called once when every node registered
-        self.backend_config: dict | None = None
+        self.backend_config: dict | None = None  # the backend's setup() for this attempt (the supervisor's loop)
         self.on_history = None  # (node_index, [ctx.report entries]) -> None: the MLflow run's metrics
         self.on_output = None  # (node_index, [printed lines]) -> None: the driver's console
         self.model_paths: dict[int, str] = {}  # ctx.log_model(path), by node
@@ -173,20 +169,31 @@ class NodeRegistry:
 
     # -- state changes
     def fail(self, failure: NodeFailure) -> None:
-        """Record a failure and ask every node to stop, unless the loss policy (``tolerate``) lets
-        the others go on without this node."""
+        """Record a node's failure (once per node); the supervisor's loop decides what it means."""
         with self.cond:
             if any(f.node_index == failure.node_index for f in self.failures) or failure.node_index in self.lost:
-                return
-            if self.tolerate is not None and self.tolerate(failure):
-                self.lost.append(failure.node_index)
-                self.cond.notify_all()
                 return
             logger.error("tfos node %d (%s:%d on %s) failed: %s", failure.node_index, failure.job_name,
                          failure.task_index, failure.host, failure.reason)
             self.failures.append(failure)
-            for n in self.nodes.values():
-                n.stop = True
+            self.cond.notify_all()
+
+    def lose(self, node_index: int) -> None:
+        """The run goes on without failed node ``node_index``: it is listed in ``lost``, not ``failures``."""
+        with self.cond:
+            self.failures = [f for f in self.failures if f.node_index != node_index]
+            if node_index not in self.lost:
+                self.lost.append(node_index)
+            self.cond.notify_all()
+
+    def set_backend_config(self, config: dict | None, error: str = "") -> None:
+        """The backend's setup for this attempt's nodes (computed by the supervisor outside this
+        lock): the cluster-spec waiters get it; with ``error`` they get the error instead."""
+        with self.cond:
+            if error:
+                self.abort_reason = self.abort_reason or error
+            else:
+                self.backend_config = dict(config or {})
             self.cond.notify_all()
 
     def abort(self, reason: str) -> None:
@@ -199,7 +206,8 @@ class NodeRegistry:
         n, msg = self.nodes[i], self.nodes[i].exited
         reason = exit_reason(msg.exit_code, bool(msg.traceback), msg.reason, msg.peak_rss_mb)
         return NodeFailure(i, n.job_name, n.task_index, self.host_of(i), reason, msg.exit_code, msg.traceback,
-                           msg.log_tail, msg.log_path, retryable=msg.retryable)
+                           msg.log_tail, msg.log_path, retryable=msg.retryable,
+                           cause=failure_cause(msg.exit_code, bool(msg.traceback), msg.cause))
 
     def ended_on_their_own(self) -> list[NodeFailure]:
         """Nodes that failed by themselves after the first failure made the driver stop them all
@@ -208,9 +216,9 @@ class NodeRegistry:
             known = {f.node_index for f in self.failures} | set(self.lost)
             return [self.exit_failure(i) for i, n in sorted(self.nodes.items())
                     if i not in known and n.exited is not None and n.agent is not None
-                    and not n.exited.stopped_by_driver and (n.exited.exit_code != 0 or n.exited.reason)]
+                    and not n.exited.stopped_by_driver and _failed(n.exited)]
 
-    def new_attempt(self, cluster_id: str, unless=None) -> bool:
+    def new_attempt(self, cluster_id: str, roles, unless=None) -> bool:
         """Forget the nodes of the previous attempt (a restart): fresh node states under a new
         cluster id, so the control service refuses whatever the old attempt's processes still send.
         Does nothing and returns False when ``unless()``, checked under the lock, is true."""
@@ -218,6 +226,7 @@ class NodeRegistry:
             if unless is not None and unless():
                 return False
             self.cluster_id = cluster_id
+            self.roles = list(roles)
             self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(self.roles)}
             self.failures = []
             self.lost = []
@@ -259,7 +268,7 @@ class NodeRegistry:
         self.fail(NodeFailure(i, self.nodes[i].job_name, self.nodes[i].task_index, self.host_of(i),
                               f"Spark started this node a second time ({new}; the first is {first}): the tfos "
                               "barrier stage was retried (spark.task.maxFailures > 1) after a task failed. tfos "
-                              "never runs two copies of a node; see the first failure"))
+                              "never runs two copies of a node; see the first failure", cause=Cause.DUPLICATE))
         return M.ErrorReply(f"node {i} is already running ({first}); a retried Spark task may not start a second "
                             "copy")
 
@@ -268,7 +277,7 @@ class NodeRegistry:
         deadline = time.monotonic() + wait
         with self.cond:
             me = self.node(msg.node_index)
-            while not self.all_registered():
+            while self.backend_config is None:  # every node registered, then the supervisor set up the backend
                 if self.failures or self.abort_reason or me.stop:
                     return M.ErrorReply("cluster start aborted: " + (self.abort_reason or "another node failed"))
                 remaining = deadline - time.monotonic()
@@ -277,14 +286,6 @@ class NodeRegistry:
                                         "(raise reservation_timeout)")
                 self.cond.wait(min(remaining, 1.0))
             nodes = tuple(self.nodes[i].info for i in sorted(self.nodes))
-            if self.backend_config is None:
-                try:
-                    self.backend_config = self.on_complete(nodes) if self.on_complete else {}
-                except Exception as e:
-                    logger.exception("backend setup failed")
-                    self.abort_reason = f"backend setup on the driver failed: {e}"
-                    self.cond.notify_all()
-                    return M.ErrorReply(self.abort_reason)
             return M.ClusterSpecReply(nodes, self.backend_config)
 
     def on_agent_started(self, msg: M.AgentStarted):
@@ -383,7 +384,7 @@ class NodeRegistry:
             n = self.node(msg.node_index)
             if n.exited is None:
                 n.exited = msg
-                if (msg.exit_code != 0 or msg.reason) and not (msg.stopped_by_driver or n.stop):
+                if _failed(msg) and not (msg.stopped_by_driver or n.stop):
                     self.fail(self.exit_failure(msg.node_index))
                 self.cond.notify_all()
         return M.Ack()
@@ -449,8 +450,8 @@ class NodeRegistry:
                 why = agent_lost(now, n.last_heartbeat, n.disconnected_at, timeout,
                                  timeout if grace is None else grace, stopping=n.stop)
                 if why:
-                    self.fail(NodeFailure(i, n.job_name, n.task_index, self.host_of(i), why))
-                    n.exited = M.NodeExited(self.cluster_id, i, -1, "", "", "", False)
+                    self.fail(NodeFailure(i, n.job_name, n.task_index, self.host_of(i), why, cause=Cause.AGENT_LOST))
+                    n.exited = M.NodeExited(self.cluster_id, i, -1, "", "", "", False, cause=Cause.AGENT_LOST)
 
     def on_agent_disconnected(self, cluster_id: str, node_index: int) -> None:
         """The connection that carried node ``node_index``'s heartbeats closed (service.py)."""
@@ -498,3 +499,8 @@ def _unb64(text: str) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise ProtocolError("a store value is not base64") from None
+
+
+def _failed(msg: M.NodeExited) -> bool:
+    """Pure: an exit report that says the node failed (an exit code, or its agent stopped it)."""
+    return msg.exit_code != 0 or msg.cause not in (Cause.EXITED, Cause.STOPPED)

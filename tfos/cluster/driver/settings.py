@@ -6,6 +6,7 @@ change.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import uuid
 
@@ -42,6 +43,82 @@ def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_
         raise ConfigError(f"max_restarts must be an int >= 0 (0: a node failure ends the run), got {max_restarts!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class ClusterShape:
+    """The roles a cluster has at each size: ``num_ps`` ps nodes, the ``master_node``, an evaluator
+    if ``eval_node``, then workers (:func:`tfos.topology.assign_roles`). The roles at size k are the
+    first k of those at any larger size, so a node keeps its role (and rank) when the cluster shrinks
+    or grows: only the last workers come and go."""
+
+    num_ps: int = 0
+    master_node: str | None = "chief"
+    eval_node: bool = False
+
+    def roles(self, size: int) -> list[tuple[str, int]]:
+        return topology.assign_roles(size, self.num_ps, self.master_node, self.eval_node)
+
+    @property
+    def smallest(self) -> int:
+        """The fewest nodes that leave one to train."""
+        return self.num_ps + (1 if self.eval_node else 0) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartSettings:
+    """What the supervisor may do after a failure: restart up to ``max_restarts`` times,
+    ``backoff`` seconds after it, with between ``min_nodes`` and ``max_nodes`` nodes
+    (reserve()'s ``min_executors`` and ``num_executors``: what Spark offers then). ``size_wait``:
+    how long reserve() waits for more than ``min_nodes`` slots before starting smaller."""
+
+    max_restarts: int = 0
+    backoff: float = 5.0
+    min_nodes: int = 1
+    max_nodes: int = 1
+    size_wait: float = 15.0
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes < self.max_nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class Supervision:
+    """The watchdog's settings: ``stall_timeout`` (None: off) and whether hosts without private
+    network namespaces are accepted without a warning (``allow_unprotected``)."""
+
+    stall_timeout: float | None = 300.0
+    allow_unprotected: bool = False
+
+
+def size_range(num_executors, min_executors) -> tuple[int, int]:
+    """Pure: reserve()'s size as ``(min, max)``: ``num_executors`` may be an int or a ``(min, max)``
+    tuple, ``min_executors`` (None: the same as the max) the least the cluster runs with;
+    ConfigError naming the argument otherwise."""
+    if isinstance(num_executors, (tuple, list)):
+        if len(num_executors) != 2 or min_executors is not None:
+            raise ConfigError(f"num_executors as a range is (min_executors, num_executors), without min_executors=; "
+                              f"got {num_executors!r}" + (f" and min_executors={min_executors!r}"
+                                                          if min_executors is not None else ""))
+        min_executors, num_executors = num_executors
+    if not isinstance(num_executors, int) or isinstance(num_executors, bool) or num_executors < 1:
+        raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")
+    lo = num_executors if min_executors is None else min_executors
+    if not isinstance(lo, int) or isinstance(lo, bool) or not 1 <= lo <= num_executors:
+        raise ConfigError(f"min_executors must be an int from 1 to num_executors={num_executors}, got {lo!r}")
+    return lo, num_executors
+
+
+def size_to_start(offered: int | None, lo: int, hi: int, waited: float, size_wait: float) -> int | None:
+    """Pure: how many nodes to start when Spark offers ``offered`` task slots after ``waited``
+    seconds: ``hi`` as soon as it offers that many (or cannot say: None), what it offers (>= ``lo``)
+    once ``size_wait`` passed, else None (wait on)."""
+    if offered is None or offered >= hi:
+        return hi
+    if offered >= lo and waited >= size_wait:
+        return offered
+    return None
+
+
 def seconds(name: str, value, allow_zero: bool = False) -> float:
     """Pure: a duration setting as float seconds, or ConfigError naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
@@ -50,13 +127,14 @@ def seconds(name: str, value, allow_zero: bool = False) -> float:
     return float(value)
 
 
-def cluster_config(address, roles, reservation_timeout, log_dir, default_fs, num_gpus, env, release_port,
-                   preimport_tensorflow, heartbeat_interval, heartbeat_timeout, stop_grace_secs, timeline,
-                   report_interval, metric_history, checkpoint_dir, node_output="chief", *,
-                   encrypt: bool = False, gpus_per_node=None) -> M.ClusterConfig:
-    """The new cluster's configuration from reserve()'s arguments: a fresh id and secret (its
-    channels encrypted when ``encrypt``), durations checked (:func:`seconds`), ``checkpoint_dir``
-    defaulting to ``<log_dir>/checkpoint``."""
+def cluster_config(address, roles, *, reservation_timeout, log_dir, default_fs, num_gpus=0, env=None,
+                   release_port=True, preimport_tensorflow=True, heartbeat_interval=1.0, heartbeat_timeout=30.0,
+                   stop_grace_secs=5.0, timeline=False, report_interval=1.0, metric_history=False,
+                   checkpoint_dir=None, node_output="chief", encrypt: bool = False,
+                   gpus_per_node=None) -> M.ClusterConfig:
+    """The new cluster's configuration from reserve()'s arguments (by keyword): a fresh id and
+    secret (its channels encrypted when ``encrypt``), durations checked (:func:`seconds`),
+    ``checkpoint_dir`` defaulting to ``<log_dir>/checkpoint``."""
     return M.ClusterConfig(
         cluster_id=uuid.uuid4().hex[:12], key=M.ChannelKey(new_secret(), bool(encrypt)),
         driver_host=address.advertise, driver_port=address.port,

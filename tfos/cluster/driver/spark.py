@@ -24,15 +24,22 @@ from tfos.data.fs import spark_default_fs
 logger = logging.getLogger(__name__)
 
 
+def slots_offered(sc) -> int | None:
+    """The concurrent task slots Spark offers now (its executors' cores over spark.task.cpus), None
+    when this Spark cannot say."""
+    jsc = sc._jsc.sc()
+    try:
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # very old or unusual Spark: let the barrier stage decide
+        return None
+
+
 def wait_for_slots(sc, num_executors: int, timeout: float) -> int:
     """Wait until Spark offers ``num_executors`` concurrent task slots; return the slot count."""
-    jsc = sc._jsc.sc()
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            rp = jsc.resourceProfileManager().defaultResourceProfile()
-            slots = int(jsc.maxNumConcurrentTasks(rp))
-        except Exception:  # very old or unusual Spark: let the barrier stage decide
+        slots = slots_offered(sc)
+        if slots is None:
             return num_executors
         if slots >= num_executors:
             return slots
@@ -44,6 +51,28 @@ def wait_for_slots(sc, num_executors: int, timeout: float) -> int:
                 "spark.executor.instances, or more workers), lower num_executors, or raise reservation_timeout "
                 "if executors are still starting.")
         time.sleep(min(0.5, remaining))
+
+
+def wait_for_size(offered, lo: int, hi: int, timeout: float, size_wait: float) -> int:
+    """How many nodes to start, ``lo`` .. ``hi`` (:func:`settings.size_to_start` on ``offered()``,
+    Spark's slots now, polled): ``hi`` as soon as Spark offers them, else what it offers after
+    ``size_wait``; ReservationTimeoutError saying what was offered when it stays below ``lo`` for
+    ``timeout`` seconds."""
+    from tfos.cluster.driver.settings import size_to_start
+
+    t0 = time.monotonic()
+    while True:
+        slots = offered()
+        waited = time.monotonic() - t0
+        size = size_to_start(slots, lo, hi, waited, size_wait)
+        if size is not None:
+            return size
+        if waited >= timeout:
+            raise ReservationTimeoutError(
+                f"cannot reserve min_executors={lo} executors: Spark offers {slots} concurrent task slot(s) after "
+                f"waiting {timeout:.0f}s (reservation_timeout). Add executors, lower min_executors, or raise "
+                "reservation_timeout if executors are still starting.")
+        time.sleep(0.5)
 
 
 def driver_host(spark_conf_host: str | None) -> str:
@@ -191,6 +220,9 @@ class ClassicSpark:
     def wait_for_slots(self, num_executors: int, timeout: float) -> int | None:
         return wait_for_slots(self.sc, num_executors, timeout)
 
+    def slots_offered(self) -> int | None:
+        return slots_offered(self.sc)
+
     def default_fs(self) -> str:
         return spark_default_fs(self.sc)
 
@@ -286,6 +318,9 @@ class ConnectSpark:
         """A Connect client cannot ask the scheduler how many slots it has: the barrier stage itself
         waits for them, and start() gives up after reservation_timeout with the same error."""
         return None
+
+    def slots_offered(self) -> int | None:
+        return None  # see wait_for_slots
 
     def default_fs(self) -> str:
         """``spark.hadoop.fs.defaultFS`` if the session sets it; else "" and every barrier task reads

@@ -1,16 +1,19 @@
-"""The supervisor: owns the cluster's phases and answers "a node failed: what now" (runs on the
-driver).
+"""The supervisor: one control loop owns the cluster's phases and every decision after a failure
+(runs on the driver).
 
-One object holds what changes over the life of a cluster: the lifecycle's phase, the attempt's
-configuration, the reservation (the barrier stage), the monitor thread, the restarts and lost
-nodes. Every path that meets a node failure (``start``, ``train``, ``inference``, ``shutdown``,
-the monitor thread) calls :meth:`Supervisor.handle_failures`, and every decision is
-:func:`tfos.cluster.driver.lifecycle.failure_policy`: restart every node, go on without the node
-(recorded in ``lost_nodes``), or fail the cluster with every attempt's failures.
+One thread, the control loop, does everything that changes an attempt: it starts an attempt's
+barrier stage, sees its nodes register, checks the agents' heartbeats, and each time a node fails
+it takes a registry snapshot, asks the pure policy (:func:`tfos.cluster.driver.lifecycle.decide`)
+what to do, and carries it out: go on without the node, restart every node at the size Spark
+offers now (``min_executors`` .. ``num_executors``), hold the failure until a call that can resume
+the feed is waiting, or fail the cluster. The stall watchdog runs in the same loop. API calls
+(``start``, ``train``, ``shutdown``, ``raise_if_failed``) never act on a failure themselves: they
+wait, each with a deadline, until the loop has acted (:meth:`Supervisor._wait`), then read the
+outcome. Tests drive the loop with the fake Spark (``tfos.testing.fake_spark``).
 
 One module past 450 lines: it is the one owner of the cluster's phases (start, restarts, the
-monitor, shutdown); the pure decisions already live in ``lifecycle``, and what is left is the
-sequence that carries them out, which reads best in one place.
+watchdog, shutdown); the pure decisions live in ``lifecycle`` and ``settings``, and what is left is
+the sequence that carries them out, which reads best in one place.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from tfos import topology
 from tfos.cluster.driver import security
 from tfos.cluster.driver import spark as S
 from tfos.cluster.driver import stall
-from tfos.cluster.driver.lifecycle import (Action, Lifecycle, NodeLoss, Phase, Restart, disconnect_grace,
-                                          explain_executor_loss,
-                                          failure_policy, first_cause_first)
+from tfos.cluster.driver.lifecycle import (Action, ClusterView, Lifecycle, NodeLoss, Phase, Restart, decide,
+                                          disconnect_grace, explain_executor_loss, first_cause_first)
 from tfos.cluster.driver.registry import NodeRegistry
+from tfos.cluster.driver.settings import ClusterShape, RestartSettings, Supervision, size_to_start
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
-from tfos.errors import FeedError, NodeFailedError, ReservationTimeoutError, StallError, TFOSError, remote_error
+from tfos.errors import (Cause, FeedError, NodeFailedError, ReservationTimeoutError, StallError,
+                         TFOSError, TFOSTimeoutError, remote_error)
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 
@@ -43,42 +47,53 @@ EXPLAIN_WAIT_SECS = 10.0
 #: How long a failing cluster waits for the other nodes' exit reports, so that the node whose own
 #: error started the failure leads the driver's error even when it reports last.
 FIRST_CAUSE_WAIT_SECS = 3.0
-#: how often the monitor looks at the nodes (agents lost, a failure to restart after, a stall): the
-#: delay between a node's exit report or a lost agent's grace running out and the driver acting
-MONITOR_TICK_SECS = 0.25
+#: how often the control loop looks at the nodes (agents lost, a failure, a stall) when nothing
+#: wakes it sooner: the most a node's exit report or a lost agent's grace waits for the driver
+LOOP_TICK_SECS = 0.25
 
 
 class Supervisor:
-    def __init__(self, spark, roles, backend, config: M.ClusterConfig, registry: NodeRegistry, scheduler,
-                 max_restarts: int = 0, restart_backoff: float = 0.0):
+    def __init__(self, spark, shape: ClusterShape, backend, config: M.ClusterConfig, registry: NodeRegistry,
+                 scheduler, *, restarts: RestartSettings, supervision: Supervision, on_attempt=None,
+                 on_release=None, close_feeds=None):
         self.spark = spark
         self.cluster_id = config.cluster_id  # the first attempt's; attempt k runs as "<id>-k"
-        self.roles = roles
+        self.shape = shape
         self.backend = backend
         self.config = config
         self.registry = registry
         self.scheduler = scheduler
-        self.feeds = None  # FeedJobs, set by the cluster (it needs this supervisor's callbacks)
-        self.max_restarts = max_restarts
-        self.restart_backoff = restart_backoff
+        self.settings = restarts
+        self.supervision = supervision
+        self.on_attempt = on_attempt  # (config) -> None: a new attempt's configuration (the feeds need it)
+        self.on_release = on_release  # () -> None: the cluster's reporting, TensorBoard and control service end
+        self.close_feeds = close_feeds  # () -> [(node, error)]: end every node's feed (InputMode.SPARK)
         self.lifecycle = Lifecycle()
         self.input_mode: InputMode | None = None
         self.restarts: list[Restart] = []  # each failure that restarted the cluster
         self.lost_nodes: list[NodeLoss] = []  # each node lost while the others went on (backend='ps' workers)
-        self.on_release = None  # () -> None: the cluster's reporting, TensorBoard and control service end
         self._failed_before: list = []  # NodeFailures of the attempts that were restarted
         self._main = None  # (main_fun, tf_args, node_hooks), kept for restarts
         self._attempt_started = time.time()  # when this attempt's barrier stage was submitted
-        self._restart_lock = threading.RLock()  # one restart at a time (monitor thread or a waiting call)
-        self._restarter: threading.Thread | None = None
         self._reservation: S.SparkJob | None = None
-        self._monitor: threading.Thread | None = None
+        self._loop: threading.Thread | None = None
         self._closing = threading.Event()
-        self.stall_timeout: float | None = None  # reserve(stall_timeout=...)
-        self.allow_unprotected = False  # reserve(allow_unprotected=...): no warning for hosts without namespaces
-        self._stall: threading.Thread | None = None  # the watchdog's report, once a stall was seen
-        registry.tolerate = self._tolerate_loss
-        registry.on_complete = self._backend_setup
+        # the loop's state, read by the API calls under _cv (the loop notifies after every change)
+        self._cv = threading.Condition()
+        self._launch_deadline: float | None = None  # an attempt is starting: when it times out (monotonic)
+        self._restart_due: float | None = None  # the nodes were stopped: when the next attempt starts
+        self._wanting = 0  # API calls waiting to resume a feed (InputMode.SPARK restarts only for them)
+        self._held = -1  # the attempt whose failure the loop holds (logged once)
+        self._stalled = False
+
+    @property
+    def roles(self) -> list[tuple[str, int]]:
+        """This attempt's roles (node index -> (job, task index))."""
+        return list(self.config.roles)
+
+    @property
+    def max_restarts(self) -> int:
+        return self.settings.max_restarts
 
     # ------------------------------------------------------------------ starting
     def start(self, main, input_mode: InputMode, on_starting=None) -> None:
@@ -89,21 +104,19 @@ class Supervisor:
         self._main = main
         self.lifecycle.to(Phase.STARTING)
         try:
-            self._monitor = threading.Thread(target=self._monitor_loop, name=f"tfos-monitor-{self.cluster_id}",
-                                             daemon=True)
-            self._monitor.start()
             if on_starting is not None:
                 on_starting()
-            err = self._launch()
+            self._submit()
+            self._loop = threading.Thread(target=self._run_loop, name=f"tfos-supervisor-{self.cluster_id}",
+                                          daemon=True)
+            self._loop.start()
+            self._wait(lambda: self.lifecycle.phase is not Phase.STARTING, "the cluster to start")
         except BaseException as e:  # interrupted (Ctrl-C) or broken: nothing may be left running
             self.abort(e if isinstance(e, TFOSError) else TFOSError(f"start() interrupted by {type(e).__name__}"))
             raise
-        if err is not None:
-            self.abort(err)
-            raise err
-        self.lifecycle.to(Phase.RUNNING)
-        logger.info("tfos cluster %s started: %s", self.cluster_id, json.dumps(self.cluster_spec))
-        exposed = security.exposure(self.registry.registered(), self.allow_unprotected)
+        if self.lifecycle.phase is Phase.FAILED:
+            raise self.lifecycle.error
+        exposed = security.exposure(self.registry.registered(), self.supervision.allow_unprotected)
         if exposed:
             logger.warning("tfos cluster %s: %s", self.cluster_id, exposed)
 
@@ -111,10 +124,9 @@ class Supervisor:
     def cluster_spec(self) -> dict:
         return topology.cluster_spec(self.registry.registered())
 
-    def _launch(self) -> TFOSError | None:
-        """Run this attempt's barrier stage (one task per node) and wait until every node registered;
-        the error that stopped it, if any."""
-        n = len(self.roles)
+    def _submit(self) -> None:
+        """Submit this attempt's barrier stage (one task per node); the loop watches its nodes register."""
+        n = len(self.config.roles)
         attempt = self.config.attempt
         self._attempt_started = time.time()
         bootstrap = make_bootstrap(self.config, *self._main)
@@ -124,143 +136,220 @@ class Supervisor:
                 self.registry.abort(f"the tfos reservation job failed: {_short(job.error)}")
 
         cid = self.config.cluster_id
+        with self._cv:
+            self._launch_deadline = time.monotonic() + self.config.reservation_timeout
         self._reservation = S.SparkJob(self.spark, f"tfos-{cid}", f"tfos cluster {cid}: {n} TF nodes"
                                        + (f" (attempt {attempt})" if attempt else ""),
                                        self.spark.barrier_stage(n, bootstrap), on_done=reservation_ended)
-        return self._wait_registered(n)
 
-    def _wait_registered(self, n: int) -> TFOSError | None:
-        timeout = self.config.reservation_timeout
-        reg = self.registry
-        reg.wait_until(lambda s: s.all_registered() or bool(s.failures) or bool(s.abort_reason), timeout)
-        snap = reg.snapshot()
-        if snap.failures:
-            return NodeFailedError(list(snap.failures))
-        if snap.abort_reason:
-            return TFOSError(snap.abort_reason.rstrip(".") + "." + _node_logs_hint(self.config.cluster_id))
-        if not snap.all_registered():
-            return ReservationTimeoutError(
-                f"nodes {snap.missing()} of {n} did not start within {timeout:.0f}s (reservation_timeout). Spark "
-                "may lack free slots (other jobs running?) or the TF processes are slow to import; raise "
-                "reservation_timeout or free executors." + _node_logs_hint(self.config.cluster_id))
-        return None
-
-    def _backend_setup(self, nodes) -> dict:
-        config = self.backend.setup(nodes)
-        return dict(config, driver_host=self.config.driver_host, log_dir=self.config.log_dir)
-
-    # ------------------------------------------------------------------ failures
-    def _decide(self, failures, peers_running: int = 0) -> "tuple[Action, str]":
-        phase = self.lifecycle.phase
-        running = phase in (Phase.RUNNING, Phase.SHUTTING_DOWN)
-        d = failure_policy(failures, max_restarts=self.max_restarts,
-                           restarts_done=len({r.attempt for r in self.restarts}), running=running,
-                           survivable_jobs=self.backend.survivable_jobs, peers_running=peers_running,
-                           all_started=running and self.registry.snapshot().all_registered())
-        return d.action, d.reason
-
-    def _tolerate_loss(self, failure) -> bool:
-        """The registry's loss policy (called as it records ``failure``): True to go on without the
-        failed node, recording it in ``lost_nodes``."""
-        peers = self.registry.peers_running(failure.node_index)
-        action, _ = self._decide([failure], peers)
-        if action is not Action.LOSE_NODE:
+    def _backend_setup(self) -> bool:
+        """Every node registered: the backend's configuration for them (outside the registry's
+        lock), which the nodes' cluster-spec waits then get; False if it failed (the cluster fails)."""
+        try:
+            config = self.backend.setup(tuple(self.registry.registered()))
+        except Exception as e:
+            logger.exception("backend setup failed")
+            self.registry.set_backend_config(None, f"backend setup on the driver failed: {e}")
             return False
-        self.lost_nodes.append(NodeLoss(time.time(), self.config.attempt, failure.node_index, failure.job_name,
-                                        failure.task_index, failure.host, failure.reason))
-        logger.warning("tfos cluster %s: %s:%d on %s lost (%s); the %d other %s node(s) go on without it",
-                       self.cluster_id, failure.job_name, failure.task_index, failure.host, failure.reason,
-                       peers, failure.job_name)
+        self.registry.set_backend_config(dict(config, driver_host=self.config.driver_host,
+                                              log_dir=self.config.log_dir))
         return True
 
-    def raise_if_failed(self) -> None:
-        """Raise NodeFailedError if any node has failed; later calls raise it again. With restarts
-        left (``max_restarts``) the cluster is restarted instead. A cluster failed otherwise (the
-        stall watchdog, an abort) raises its error."""
-        if self.lifecycle.phase is Phase.FAILED:
-            raise self.lifecycle.error
-        if self.registry.snapshot().failures:
-            self.handle_failures()
+    # ------------------------------------------------------------------ the control loop
+    def _run_loop(self) -> None:
+        while not self._closing.is_set() and not self.lifecycle.ended:
+            try:
+                self.step()
+            except Exception as e:  # a bug here must not leave the nodes running unsupervised
+                logger.exception("tfos cluster %s: the supervisor's loop failed", self.cluster_id)
+                self.abort(TFOSError(f"the tfos supervisor failed: {type(e).__name__}: {e}"))
+                return
+            due = self._launch_deadline
+            wait = LOOP_TICK_SECS if due is None else min(LOOP_TICK_SECS, max(0.0, due - time.monotonic()) + 0.01)
+            with self.registry.cond:  # a registration, an exit report, a failure wakes it at once
+                if not self._closing.is_set():
+                    self.registry.cond.wait(wait)
 
-    def feed_check_failed(self) -> None:
-        """For a feed in progress: raise NodeFailedError if a node failed, leaving the restart (if
-        one is allowed) to train(), which knows which epoch to feed again."""
-        if self.lifecycle.phase is Phase.FAILED:
-            raise self.lifecycle.error
-        failures = list(self.registry.snapshot().failures)
-        if not failures:
+    def step(self) -> None:
+        """One turn of the control loop: look at the registry, decide, act."""
+        if self.lifecycle.ended:
             return
-        if self._decide(failures)[0] is Action.RESTART:
-            raise NodeFailedError(failures)
-        self.handle_failures()
+        c = self.config
+        self.registry.check_heartbeats(c.heartbeat_timeout, disconnect_grace(c.heartbeat_interval,
+                                                                             c.heartbeat_timeout))
+        if self._restart_due is not None:
+            if time.monotonic() >= self._restart_due:
+                self._next_attempt()
+            return
+        snap = self.registry.snapshot()
+        starting = self._launch_deadline is not None
+        if starting and time.monotonic() > self._launch_deadline and not snap.all_registered():
+            self._start_timed_out(snap)  # first: a node's own spec wait ends at the same time, as a failure
+        elif snap.failures:
+            self._on_failures(list(snap.failures))
+        elif starting:
+            self._watch_start(snap)
+        else:
+            self._check_stall()
 
-    def handle_failures(self) -> None:
-        """Nodes failed: stop every node of this attempt and start the next one (``ctx.attempt`` + 1),
-        or, when the policy says no, fail the cluster with every attempt's failures (raises)."""
-        with self._restart_lock:
-            self._handle_failures_locked()
+    def _start_timed_out(self, snap) -> None:
+        c = self.config
+        self.abort(ReservationTimeoutError(
+            f"nodes {snap.missing()} of {len(c.roles)} did not start within {c.reservation_timeout:.0f}s "
+            "(reservation_timeout). Spark may lack free slots (other jobs running?) or the TF processes are "
+            "slow to import; raise reservation_timeout or free executors." + _node_logs_hint(c.cluster_id)))
 
-    def _handle_failures_locked(self) -> None:
-        reg = self.registry
+    def _watch_start(self, snap) -> None:
+        if snap.abort_reason:
+            self.abort(TFOSError(snap.abort_reason.rstrip(".") + "." + _node_logs_hint(self.config.cluster_id)))
+        elif snap.all_registered():
+            if not self._backend_setup():
+                return  # the next turn fails the cluster with the setup's error
+            with self._cv:
+                self._launch_deadline = None
+                if self.lifecycle.phase is Phase.STARTING:
+                    self.lifecycle.to(Phase.RUNNING)
+                self._cv.notify_all()
+            logger.info("tfos cluster %s%s started: %s", self.cluster_id,
+                        f" attempt {self.config.attempt}" if self.config.attempt else "", json.dumps(self.cluster_spec))
+
+    def view(self, failures) -> ClusterView:
+        """What the policy decides from: the failures and the cluster's state now."""
+        phase = self.lifecycle.phase
+        running = phase in (Phase.RUNNING, Phase.SHUTTING_DOWN)
+        with self._cv:
+            resumable = self.input_mode == InputMode.TENSORFLOW or self._wanting > 0
+        one = failures[0].node_index if len(failures) == 1 else -1
+        return ClusterView(failures=tuple(failures), max_restarts=self.settings.max_restarts,
+                           restarts_done=len({r.attempt for r in self.restarts}), running=running,
+                           all_started=running and self._launch_deadline is None,
+                           survivable_jobs=tuple(self.backend.survivable_jobs),
+                           peers_running=self.registry.peers_running(one) if one >= 0 else 0,
+                           resumable=resumable, final=phase is Phase.SHUTTING_DOWN)
+
+    def _on_failures(self, failures) -> None:
         attempt = self.config.attempt
-        failures = [dataclasses.replace(f, attempt=attempt) for f in reg.snapshot().failures]
-        if not failures:  # another thread restarted the cluster meanwhile
+        failures = [dataclasses.replace(f, attempt=attempt) for f in failures]
+        d = decide(self.view(failures))
+        if d.action is Action.LOSE_NODE:
+            f = failures[0]
+            self.registry.lose(f.node_index)
+            self.lost_nodes.append(NodeLoss(time.time(), attempt, f.node_index, f.job_name, f.task_index, f.host,
+                                            f.reason))
+            logger.warning("tfos cluster %s: %s:%d on %s lost (%s); %s without it", self.cluster_id, f.job_name,
+                           f.task_index, f.host, f.reason, d.reason)
+            with self._cv:
+                self._cv.notify_all()
             return
+        if d.action is Action.HOLD:
+            if self._held != attempt:  # once: asking to stop wakes this loop again
+                self._held = attempt
+                self.registry.request_stop(range(len(self.config.roles)))
+                logger.warning("tfos cluster %s: node %s failed while no feed runs; the next train() restarts the "
+                               "cluster, shutdown() raises the failure", self.cluster_id,
+                               ", ".join(str(f.node_index) for f in failures))
+            return
+        self.registry.request_stop(range(len(self.config.roles)))  # the others stop now, whatever comes next
         failures = self._explained(failures)
-        action, why = self._decide(failures)
-        if action is not Action.RESTART:
-            if self.max_restarts > 0:
-                logger.error("tfos cluster %s cannot restart: %s", self.cluster_id, why)
+        if d.action is Action.FAIL:
+            if self.settings.max_restarts > 0:
+                logger.error("tfos cluster %s cannot restart: %s", self.cluster_id, d.reason)
             self.abort(NodeFailedError(self._failed_before + self._with_first_cause(failures)))
-            raise self.lifecycle.error
-        now = time.time()
-        logger.warning("tfos cluster %s: restarting all nodes after the failure of %s (restart %d of %d)",
-                       self.cluster_id, ", ".join(f"node {f.node_index} on {f.host}: {f.reason}" for f in failures),
-                       attempt + 1, self.max_restarts)
+            return
+        self._stop_attempt(failures)
+
+    def _stop_attempt(self, failures) -> None:
+        """Stop every node of the failed attempt; the next one starts ``restart_backoff`` later."""
+        reg, attempt = self.registry, self.config.attempt
+        with self._cv:
+            self._restart_due = float("inf")  # restarting: the API calls wait for the next attempt
+            self._launch_deadline = None
+        logger.warning("tfos cluster %s: restarting after the failure of %s (restart %d of %d)", self.cluster_id,
+                       ", ".join(f"node {f.node_index} on {f.host}: {f.reason}" for f in failures), attempt + 1,
+                       self.settings.max_restarts)
         reg.abort("the cluster is restarting after a node failure")
         t_stop = time.monotonic()
-        self.stop_nodes(range(len(self.roles)))
-        t_stopped = time.monotonic()
+        self.stop_nodes(range(len(self.config.roles)))
         # every node that failed by itself, not only the first one the driver heard of
-        failures += [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own()]
-        self.restarts += [Restart(now, attempt, f.node_index, f.job_name, f.task_index, f.host, f.reason)
+        known = {f.node_index for f in failures}
+        failures += [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own()
+                     if f.node_index not in known]
+        self.restarts += [Restart(time.time(), attempt, f.node_index, f.job_name, f.task_index, f.host, f.reason)
                           for f in sorted(failures, key=lambda f: f.node_index)]
         self._failed_before += failures
         job = self._reservation
         if job is not None:
             job.cancel()
         self.backend.teardown()
-        time.sleep(self.restart_backoff)
-        self.config = dataclasses.replace(self.config, cluster_id=f"{self.cluster_id}-{attempt + 1}",
-                                          attempt=attempt + 1)
-        self.feeds.cluster = self.config
+        self._t_stopped = (t_stop, time.monotonic())
+        with self._cv:
+            self._restart_due = time.monotonic() + self.settings.backoff
+            self._cv.notify_all()
+
+    def _next_attempt(self) -> None:
+        """Start the attempt after a failure with as many nodes as Spark offers now (within
+        ``min_executors`` .. ``num_executors``: :meth:`restart_size`)."""
+        attempt = self.config.attempt + 1
+        before = len(self.config.roles)
+        size = self.restart_size()
+        if size is None:
+            return  # the cluster failed or ended meanwhile
+        roles = self.shape.roles(size)
+        config = dataclasses.replace(self.config, cluster_id=f"{self.cluster_id}-{attempt}", attempt=attempt,
+                                     roles=tuple(roles))
         # an abort() from another thread fails the lifecycle first, then the registry: both under its lock
-        if not reg.new_attempt(self.config.cluster_id, unless=lambda: self.lifecycle.ended):
-            raise self.lifecycle.error or TFOSError("the cluster ended while restarting")
-        self.scheduler.new_attempt()
-        t_launch = time.monotonic()
-        err = self._launch()
-        if isinstance(err, NodeFailedError):  # the new attempt failed while starting: restart again, or stop
-            self._handle_failures_locked()
+        if not self.registry.new_attempt(config.cluster_id, roles, unless=lambda: self.lifecycle.ended):
             return
-        if err is not None:  # e.g. ReservationTimeoutError: Spark did not offer the slots again
-            self.abort(err)
-            raise self.lifecycle.error
-        t_end = time.monotonic()
-        logger.info("tfos cluster %s: attempt %d started in %.1fs (stopping the nodes %.1fs, cancel and "
-                    "teardown %.1fs, reservation to registered %.1fs): %s", self.cluster_id, attempt + 1,
-                    t_end - t_stop, t_stopped - t_stop, t_launch - t_stopped, t_end - t_launch,
-                    json.dumps(self.cluster_spec))
+        self.config = config
+        self.scheduler.new_attempt([i for i, (job, _) in enumerate(roles) if job in self.backend.feed_jobs])
+        if self.on_attempt is not None:
+            self.on_attempt(config)
+        if size != before:
+            logger.warning("tfos cluster %s: attempt %d runs %d node(s), the last ran %d (min_executors=%d, "
+                           "num_executors=%d: what Spark offers now)", self.cluster_id, attempt, size, before,
+                           self.settings.min_nodes, self.settings.max_nodes)
+        with self._cv:
+            self._restart_due = None
+        self._submit()
+        t_stop, t_stopped = getattr(self, "_t_stopped", (0.0, 0.0))
+        logger.info("tfos cluster %s: attempt %d submitted (stopping the nodes took %.1fs)", self.cluster_id,
+                    attempt, t_stopped - t_stop)
+
+    def restart_size(self) -> int | None:
+        """How many nodes the next attempt runs: ``num_executors`` for a fixed size (the barrier stage
+        waits for them); in a range, what Spark offers once ``restart_backoff`` passed (the time a
+        cluster manager has to bring a lost executor back), at most ``num_executors``, at least
+        ``min_executors``: below that it waits up to reservation_timeout, then fails with
+        ReservationTimeoutError."""
+        s = self.settings
+        if not s.elastic:
+            return s.max_nodes
+        t0 = time.monotonic()
+        timeout = self.config.reservation_timeout
+        while True:
+            offered = self.spark.slots_offered()
+            waited = time.monotonic() - t0
+            size = size_to_start(offered, s.min_nodes, s.max_nodes, waited, 0.0)
+            if size is not None:
+                return size
+            if waited >= timeout:
+                self.abort(ReservationTimeoutError(
+                    f"cannot restart the cluster: Spark offers {offered} task slot(s) after {timeout:.0f}s "
+                    f"(reservation_timeout), below min_executors={s.min_nodes}. Add executors, lower "
+                    "min_executors, or raise reservation_timeout"))
+                return None
+            if self._closing.wait(0.5) or self.lifecycle.ended:
+                return None
 
     def _explained(self, failures: list) -> list:
         """``failures`` with what Spark knows of their executors' loss (YARN's "Container killed by
         YARN for exceeding physical memory limits", ...). An executor whose node agent saw it die is
         reported by the cluster manager moments later: wait up to EXPLAIN_WAIT_SECS for that."""
-        wait = any("executor JVM" in f.reason for f in failures)
+        wait = any(f.cause in (Cause.EXECUTOR_LOST, Cause.AGENT_LOST, Cause.EVICTED) for f in failures)
         deadline = time.monotonic() + (EXPLAIN_WAIT_SECS if wait else 0)
         while True:
             removed = self.spark.removed_executors()
-            notes = [explain_executor_loss(f.host, f.reason, removed, self._attempt_started) for f in failures]
+            notes = [explain_executor_loss(f.host, f.cause, removed, self._attempt_started) for f in failures]
             if any(notes) or time.monotonic() >= deadline or self._closing.is_set():
                 break
             time.sleep(0.5)
@@ -271,7 +360,7 @@ class Supervisor:
         The node whose own error started it may report after a peer whose collective it aborted:
         wait up to FIRST_CAUSE_WAIT_SECS for the other nodes' exit reports."""
         reg, attempt = self.registry, self.config.attempt
-        started = reg.started(range(len(self.roles)))
+        started = reg.started(range(len(self.config.roles)))
         reg.wait_until(lambda snap: not snap.unfinished(started), FIRST_CAUSE_WAIT_SECS)
         known = {f.node_index for f in failures}
         more = [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own() if f.node_index not in known]
@@ -282,29 +371,19 @@ class Supervisor:
         return self._failed_before + [dataclasses.replace(f, attempt=self.config.attempt)
                                       for f in self.registry.snapshot().failures]
 
-    def _monitor_loop(self) -> None:
-        while not self._closing.wait(MONITOR_TICK_SECS):
-            c = self.config
-            self.registry.check_heartbeats(c.heartbeat_timeout, disconnect_grace(c.heartbeat_interval,
-                                                                                 c.heartbeat_timeout))
-            self._maybe_restart_in_background()
-            self._check_stall()
-
     def _trainers(self) -> list[int]:
-        return [i for i, (job, _) in enumerate(self.roles) if job in self.backend.finishing_jobs]
+        return [i for i, (job, _) in enumerate(self.config.roles) if job in self.backend.finishing_jobs]
 
     def _check_stall(self) -> None:
         """The stall watchdog: no training rank made progress for ``stall_timeout`` while every node
         is alive -> every TF process's stacks, and the cluster fails with StallError."""
-        if self.lifecycle.phase not in (Phase.RUNNING, Phase.SHUTTING_DOWN) or self._stall is not None:
+        if self.lifecycle.phase not in (Phase.RUNNING, Phase.SHUTTING_DOWN) or self._stalled:
             return
         last = self.registry.last_progress(self._trainers())
-        if not stall.stalled(time.monotonic(), last, self.stall_timeout) or self.registry.snapshot().failures:
+        if not stall.stalled(time.monotonic(), last, self.supervision.stall_timeout):
             return
-        secs = time.monotonic() - last
-        self._stall = threading.Thread(target=lambda: self.abort(StallError(self.stall_report(secs))),
-                                       name=f"tfos-stall-{self.cluster_id}", daemon=True)
-        self._stall.start()
+        self._stalled = True
+        self.abort(StallError(self.stall_report(time.monotonic() - last)))
 
     def stall_report(self, secs: float | None, timeout: float = 10.0) -> str:
         return stall.stall_message(secs, [(label, dump, tail)
@@ -314,32 +393,81 @@ class Supervisor:
         """Every running node's TF process stacks and last log lines, by a label naming the node."""
         answers = self.registry.collect_stacks(timeout)
         out = {}
-        for i, (job, idx) in enumerate(self.roles):
+        for i, (job, idx) in enumerate(self.config.roles):
             a = answers.get(i)
             label = f"node {i} ({job}:{idx} on {self.registry.host_of(i)})"
             out[label] = (a.stacks, a.log_tail) if a else ("(no answer: the node is not running or did not "
                                                            f"answer within {timeout:.0f}s)", "")
         return out
 
-    def _maybe_restart_in_background(self) -> None:
-        """InputMode.TENSORFLOW: restart as soon as a node fails, whether or not a call is waiting.
-        (InputMode.SPARK restarts in train(), which knows which epoch to feed again.)"""
-        if self.input_mode != InputMode.TENSORFLOW or self.max_restarts <= 0:
+    # ------------------------------------------------------------------ what the API calls wait for
+    def _limit(self) -> float:
+        """The longest the loop may take to act on a failure: explain it, stop the nodes, back off,
+        wait for slots, start the next attempt (each step has its own deadline; this bounds them all)."""
+        c, s = self.config, self.settings
+        return (EXPLAIN_WAIT_SECS + FIRST_CAUSE_WAIT_SECS + 2 * c.heartbeat_interval + c.stop_grace_secs + 15
+                + s.backoff + s.size_wait + 2 * c.reservation_timeout + 60)
+
+    def _wait(self, ready, what: str) -> None:
+        """Wait until ``ready()`` (checked under the loop's condition) or the cluster ended;
+        TFOSTimeoutError after :meth:`_limit` seconds (the loop has its own, shorter deadlines)."""
+        limit = self._limit()
+        deadline = time.monotonic() + limit
+        with self._cv:
+            while not (ready() or self.lifecycle.ended):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TFOSTimeoutError(f"the supervisor did not finish {what} within {limit:.0f}s; see the "
+                                           "driver's log (raise reservation_timeout if Spark is slow to offer slots)")
+                self._cv.wait(min(remaining, LOOP_TICK_SECS))
+
+    def _settled(self) -> bool:
+        """The loop has acted on every failure it knows: no attempt stopping or starting, none failed."""
+        return (self._restart_due is None and self._launch_deadline is None
+                and not self.registry.snapshot().failures)
+
+    def raise_if_failed(self) -> None:
+        """Raise the cluster's error if it failed; with restarts left, wait while the loop restarts
+        it after a node failure (an InputMode.SPARK call waiting here lets it restart)."""
+        if self.lifecycle.phase is Phase.FAILED:
+            raise self.lifecycle.error
+        if self._settled():
             return
-        if self._restarter is not None and self._restarter.is_alive():
-            return
+        with self._wanted():
+            self._wait(self._settled, "acting on a node failure")
+        if self.lifecycle.phase is Phase.FAILED:
+            raise self.lifecycle.error
+
+    def feed_check_failed(self) -> None:
+        """For a feed in progress: raise NodeFailedError once the loop restarts the cluster after a
+        node failure (train() then feeds the new attempt), the cluster's error if it failed; return
+        when the loop went on without the failed node."""
+        if self.lifecycle.phase is Phase.FAILED:
+            raise self.lifecycle.error
         failures = list(self.registry.snapshot().failures)
-        if not failures or self._decide(failures)[0] is not Action.RESTART:
-            return  # nothing to do, or the waiting call raises the failure
+        if not failures and self._restart_due is None:
+            return
+        attempt = self.config.attempt
+        self._wait(lambda: self._restart_due is not None or self.config.attempt != attempt
+                   or not self.registry.snapshot().failures, "acting on a node failure")
+        if self.lifecycle.phase is Phase.FAILED:
+            raise self.lifecycle.error
+        if self._restart_due is not None or self.config.attempt != attempt:
+            raise NodeFailedError(failures or self._failed_before[-1:])
 
-        def restart():
-            try:
-                self.handle_failures()
-            except TFOSError as e:  # the cluster failed; the next call raises it
-                logger.debug("background restart ended the cluster: %s", e)
+    def _wanted(self):
+        sup = self
 
-        self._restarter = threading.Thread(target=restart, name=f"tfos-restart-{self.cluster_id}", daemon=True)
-        self._restarter.start()
+        class Wanted:
+            def __enter__(self):
+                with sup._cv:
+                    sup._wanting += 1
+
+            def __exit__(self, *exc):
+                with sup._cv:
+                    sup._wanting -= 1
+
+        return Wanted()
 
     # ------------------------------------------------------------------ feeding
     def train(self, feed, num_epochs: int) -> int:
@@ -347,59 +475,64 @@ class Supervisor:
         With restarts allowed, a node failure restarts the cluster and the new attempt is fed the
         interrupted epoch again in full, then the rest (``epochs_done`` collects each finished
         epoch's rows, so the feed knows where it was interrupted)."""
-        if self.max_restarts <= 0:
+        if self.settings.max_restarts <= 0:
             return feed(num_epochs, None)
         fed, done = 0, 0
-        while True:
-            epochs_done: list[int] = []  # rows of each epoch fed completely in this attempt
-            try:
-                return fed + feed(num_epochs - done, epochs_done)
-            except NodeFailedError:
-                done += len(epochs_done)
-                fed += sum(epochs_done)
-                logger.warning("tfos: a node failed while feeding epoch %d of %d; restarting the cluster",
-                               done + 1, num_epochs)
-                self.handle_failures()  # raises when no restart is allowed
+        with self._wanted():
+            while True:
+                epochs_done: list[int] = []  # rows of each epoch fed completely in this attempt
+                try:
+                    return fed + feed(num_epochs - done, epochs_done)
+                except NodeFailedError:
+                    done += len(epochs_done)
+                    fed += sum(epochs_done)
+                    logger.warning("tfos: a node failed while feeding epoch %d of %d; the cluster restarts",
+                                   done + 1, num_epochs)
+                    self._wait(self._settled, "restarting the cluster")
+                    if self.lifecycle.phase is Phase.FAILED:
+                        raise self.lifecycle.error from None
 
     # ------------------------------------------------------------------ stopping
     def shutdown(self, grace_secs: float, timeout: float) -> None:
-        """Wait for the training nodes (restarting them after failures while allowed), stop the
-        others, release everything; raises NodeFailedError or TFOSTimeoutError."""
+        """Wait for the training nodes (the loop restarts them after failures while allowed), stop
+        the others, release everything; raises NodeFailedError or TFOSTimeoutError."""
         if timeout is None or timeout < 0:  # TensorFlowOnSpark: timeout=-1 waits forever
             timeout = float("inf")
         if self.input_mode == InputMode.SPARK:
-            unreached = self.feeds.close_feeds()
+            unreached = self.close_feeds()
             if unreached:  # those nodes would wait for data forever
                 raise FeedError("could not end the feed of " + "; ".join(f"node {i}: {e}" for i, e in unreached)
                                 + ". Their TF processes cannot finish; see the nodes' logs")
         reg = self.registry
-        trainers = self._trainers()
-        others = [i for i in range(len(self.roles)) if i not in trainers]
-        waiting = reg.unfinished(trainers)
-        if waiting:
+        if reg.unfinished(self._trainers()):
             logger.info("tfos cluster %s: waiting up to %s for training nodes %s to finish "
-                        "(cluster.shutdown(timeout=...))",
-                        self.cluster_id, "ever" if timeout == float("inf") else f"{timeout:.0f}s", waiting)
+                        "(cluster.shutdown(timeout=...))", self.cluster_id,
+                        "ever" if timeout == float("inf") else f"{timeout:.0f}s", reg.unfinished(self._trainers()))
         deadline = time.monotonic() + timeout
         while True:
-            reg.wait_until(lambda s: not s.unfinished(trainers) or bool(s.failures) or self.lifecycle.ended,
+            trainers = self._trainers()
+            reg.wait_until(lambda s: not s.unfinished(trainers) or bool(s.failures) or self.lifecycle.ended
+                           or self._restart_due is not None,
                            deadline - time.monotonic(),
                            lambda s: f"training nodes {s.unfinished(trainers)} still running",
-                           "shutdown(timeout=...)", poll=1.0 if timeout == float("inf") else None)
-            # InputMode.TENSORFLOW: main_fun runs again from its checkpoint (or, with no restart left,
-            # handle_failures raises every attempt's failures). InputMode.SPARK restarts only while
-            # train() feeds: after the last feed there is no data to resume from.
-            if reg.snapshot().failures and self.input_mode == InputMode.TENSORFLOW:
-                self.handle_failures()
+                           "shutdown(timeout=...)", poll=1.0 if timeout == float("inf") else LOOP_TICK_SECS)
+            if self.lifecycle.ended:
+                break
+            if not self._settled():
+                # InputMode.TENSORFLOW: the loop runs main_fun again from its checkpoint, or fails the
+                # cluster. InputMode.SPARK: after the last feed there is nothing to resume: it fails.
+                self._wait(self._settled, "acting on a node failure")
                 continue
-            break
-        if self.lifecycle.phase is Phase.FAILED:  # the stall watchdog (or an abort) ended it meanwhile
-            if self._stall is not None:
-                self._stall.join(timeout=60)  # it stops every node first
+            if not reg.unfinished(self._trainers()):
+                break
+        if self.lifecycle.phase is Phase.FAILED:  # a failure, the stall watchdog or an abort ended it
             raise self.lifecycle.error
+        others = [i for i in range(len(self.config.roles)) if i not in self._trainers()]
         if others and not reg.snapshot().failures:
             reg.wait_until(lambda s: not s.unfinished(others), grace_secs)
-        self.stop_nodes(range(len(self.roles)))
+        self._closing.set()  # the loop ends: what happens now is the end, not a failure to act on
+        self._join_loop()
+        self.stop_nodes(range(len(self.config.roles)))
         if reg.snapshot().failures:
             self.lifecycle.fail(NodeFailedError(self.every_failure()))
             self.release()
@@ -409,36 +542,55 @@ class Supervisor:
         logger.info("tfos cluster %s shut down", self.cluster_id)
 
     def stop_nodes(self, which) -> None:
-        """Ask the agents of ``which`` nodes to stop and wait until they report their exits."""
+        """Ask the agents of ``which`` nodes to stop and wait until they report their exits (an
+        agent that is gone counts as exited at once: :func:`lifecycle.agent_lost` while stopping)."""
         which = list(which)
         reg = self.registry
         reg.request_stop(which)
         c = self.config
         timeout = c.heartbeat_interval * 2 + c.stop_grace_secs + 15
+        deadline = time.monotonic() + timeout
         started = reg.started(which)
-        if not reg.wait_until(lambda s: not s.unfinished(started), timeout):
-            logger.warning("tfos nodes %s did not confirm their exit within %.0fs", reg.unfinished(started), timeout)
+        grace = disconnect_grace(c.heartbeat_interval, c.heartbeat_timeout)
+        while not reg.wait_until(lambda s: not s.unfinished(started), min(LOOP_TICK_SECS, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                logger.warning("tfos nodes %s did not confirm their exit within %.0fs", reg.unfinished(started),
+                               timeout)
+                return
+            reg.check_heartbeats(c.heartbeat_timeout, grace)
 
     def abort(self, err: TFOSError) -> None:
         """Fail the cluster (once): stop every node and release everything."""
-        if not self.lifecycle.fail(err):
+        with self._cv:
+            failed = self.lifecycle.fail(err)
+            self._cv.notify_all()
+        if not failed:
             return
         self.registry.abort(str(err).splitlines()[0] if str(err) else type(err).__name__)
-        self.stop_nodes(range(len(self.roles)))
-        restarter = self._restarter
-        if restarter is not None and restarter is not threading.current_thread() and restarter.is_alive():
-            restarter.join(timeout=60)  # it sees the failed lifecycle and ends; then stop what it started
-            self.stop_nodes(range(len(self.roles)))
+        self.stop_nodes(range(len(self.config.roles)))
+        if self._join_loop():  # it may have started an attempt meanwhile: stop that one too
+            self.stop_nodes(range(len(self.config.roles)))
         self.release()
+
+    def _join_loop(self) -> bool:
+        """Wait for the control loop to end (unless this is it); True if it was running."""
+        loop = self._loop
+        if loop is None or loop is threading.current_thread() or not loop.is_alive():
+            return False
+        with self.registry.cond:
+            self.registry.cond.notify_all()
+        loop.join(timeout=120)
+        return True
 
     def release(self) -> None:
         self._closing.set()
+        with self._cv:
+            self._cv.notify_all()
         job = self._reservation
         if job is not None and not job.done.is_set():
             job.thread.join(timeout=10)
             job.cancel()
-        if self._monitor is not None:
-            self._monitor.join(timeout=5)
+        self._join_loop()
         self.backend.teardown()
         if self.on_release is not None:
             self.on_release()

@@ -53,10 +53,21 @@ class FeedJobs:
         job = SparkJob(self.spark, f"tfos-feed-{uuid.uuid4().hex[:8]}", description, action,
                        on_done=lambda _job: reg.notify())
         # no deadline of its own: every chunk the job sends is bounded by feed_timeout on the executor
-        reg.wait_until(lambda snap: job.done.is_set() or bool(snap.failures) or bool(snap.abort_reason), None, poll=0.5)
-        if not job.done.is_set():
-            job.cancel()
-            self.check_failed()
+        while True:
+            reg.wait_until(lambda snap: job.done.is_set() or bool(snap.failures) or bool(snap.abort_reason), None,
+                           poll=0.5)
+            if job.done.is_set():
+                break
+            try:
+                self.check_failed()  # waits for the supervisor's decision: returns when it lost the node only
+            except BaseException:
+                job.cancel()
+                raise
+            snap = reg.snapshot()
+            if snap.abort_reason or snap.failures:
+                job.cancel()
+                self.check_failed()
+                break
         job.thread.join()
         if job.error is not None:
             self._await_node_verdict()

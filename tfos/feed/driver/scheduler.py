@@ -132,10 +132,13 @@ class FeedScheduler:
         return tuple(n.node_index for n in self.registry.registered()
                      if n.host == host and n.node_index in self.feed_ranks)
 
-    def new_attempt(self) -> None:
-        """Forget which nodes terminated their feeds (a restart starts every node again)."""
+    def new_attempt(self, feed_ranks: list[int] | None = None) -> None:
+        """Forget which nodes terminated their feeds (a restart starts every node again); the new
+        attempt's feeding nodes are ``feed_ranks`` when its size changed."""
         with self._lock:
             self.terminated.clear()
+            if feed_ranks is not None:
+                self.feed_ranks = list(feed_ranks)
 
     def _finished(self, i: int, snap: Snapshot) -> bool:
         return i in self.terminated or snap.ended_ok(i)

@@ -3,9 +3,12 @@ step (max_restarts=1), against its reference, a fresh cluster's reserve -> first
 does by hand without restarts), in the same run on local-cluster[2,1,1024]. With ``--multihost``
 on the multi-host harness (tests/multihost/hosts.py: a Spark standalone cluster of 3 hosts in
 network namespaces; root): the victim's whole host is killed (every process SIGKILLed) and the
-new attempt runs on the two other hosts; the host comes back between runs.
+new attempt runs on the two other hosts; the host comes back between runs. With ``--shrink``
+(multi-host harness): 3 nodes on the 3 hosts with ``min_executors=2``, a whole host killed for
+good, the restart runs on the 2 hosts left: SIGKILL -> first step on 2 nodes, against a fresh start
+of a 2-node cluster (reserve -> first step) in the same run.
 
-    python bench/restart.py [--runs 3] [--multihost]
+    python bench/restart.py [--runs 3] [--multihost | --shrink]
 """
 
 from __future__ import annotations
@@ -71,11 +74,27 @@ def first_step(cluster, attempt):
                               if m.get("attempt") == attempt and "first_step_time" in m), None), 300)
 
 
-def one_run(sc, hosts=None):
+def fresh_start(sc, nodes: int) -> float:
+    """A fresh cluster of ``nodes``: reserve -> first training step (s)."""
     from tfos import InputMode, TFCluster
 
     t0 = time.time()
-    cluster = TFCluster.run(sc, main_fun, 100000, 2, 0, input_mode=InputMode.TENSORFLOW, master_node="chief",
+    cluster = TFCluster.run(sc, main_fun, 100000, nodes, 0, input_mode=InputMode.TENSORFLOW, master_node="chief",
+                            stop_grace_secs=2, report_interval=0.2, progress=False, heartbeat_timeout=10,
+                            reservation_timeout=180)
+    try:
+        return first_step(cluster, 0) - t0
+    finally:
+        cluster._abort(__import__("tfos").TFOSError("benchmark done"))
+
+
+def one_run(sc, hosts=None, shrink: bool = False):
+    from tfos import InputMode, TFCluster
+
+    reference = fresh_start(sc, 2) if shrink else None
+    t0 = time.time()
+    cluster = TFCluster.run(sc, main_fun, 100000, 3 if shrink else 2, 0, input_mode=InputMode.TENSORFLOW,
+                            master_node="chief", min_executors=2 if shrink else None,
                             max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2,
                             progress=False, heartbeat_timeout=10 if hosts else 30, reservation_timeout=180)
     victim = None
@@ -91,18 +110,23 @@ def one_run(sc, hosts=None):
             hosts.kill_host(victim)
         restarted = first_step(cluster, 1) - t_kill
         noticed = cluster.restarts[0].time - t_kill
+        if shrink:
+            assert len(cluster.roles) == 2, cluster.roles  # it went on smaller
     finally:
         cluster._abort(__import__("tfos").TFOSError("benchmark done"))
         if victim is not None:  # the host comes back for the next run
             hosts.restart_worker(victim)
-    return fresh, restarted, noticed
+    return (reference if shrink else fresh), restarted, noticed
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--multihost", action="store_true", help="on the multi-host harness: a whole host is killed")
+    p.add_argument("--shrink", action="store_true", help="on the multi-host harness: 3 nodes, min_executors=2, a "
+                   "host killed for good; against a fresh 2-node start")
     args = p.parse_args(argv)
+    args.multihost = args.multihost or args.shrink
     logging.basicConfig(level=logging.WARNING)
     # the supervisor's restart line times the phases ("attempt N started in T s (stopping the nodes ...,
     # cancel and teardown ..., reservation to registered ...)"): shown, the rest of tfos stays at WARNING
@@ -119,9 +143,11 @@ def main(argv=None):
             rows = []
             for _ in range(args.runs):
                 wait_executors(spark.sparkContext, 3)
-                rows.append(one_run(spark.sparkContext, hosts))
+                rows.append(one_run(spark.sparkContext, hosts, args.shrink))
             spark.stop()
-        print("multi-host harness (3 hosts): the victim's whole host killed")
+        print("multi-host harness (3 hosts): the victim's whole host killed"
+              + (" (3 nodes, min_executors=2: the restart runs on the 2 hosts left; the reference is a fresh "
+                 "2-node start)" if args.shrink else ""))
     else:
         from tfos.testing import local_cluster_session
 
@@ -130,8 +156,9 @@ def main(argv=None):
         rows = [one_run(spark.sparkContext) for _ in range(args.runs)]
         spark.stop()
         print("local-cluster[2,1,1024]: the victim's TF process SIGKILLed")
-    print("| run | fresh start: reserve -> first step (s) | restart: SIGKILL -> first step of attempt 1 (s) | "
-          "SIGKILL -> driver acts (s) | restart / fresh |")
+    print(f"| run | fresh start{' of 2 nodes' if args.shrink else ''}: reserve -> first step (s) | restart: SIGKILL "
+          f"-> first step of attempt 1{' on 2 nodes' if args.shrink else ''} (s) | SIGKILL -> driver acts (s) | "
+          "restart / fresh |")
     print("|---:|---:|---:|---:|---:|")
     for i, (fresh, restarted, noticed) in enumerate(rows, 1):
         print(f"| {i} | {fresh:.1f} | {restarted:.1f} | {noticed:.1f} | {restarted / fresh:.2f} |")

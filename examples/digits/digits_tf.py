@@ -5,6 +5,7 @@ and a custom training loop; the chief evaluates on the held-out test set.
 
     python examples/digits/digits_tf.py                 # embedded local-cluster[2,1,1024]
     python examples/digits/digits_tf.py --max-restarts 2  # survive node failures: resume from checkpoints
+    python examples/digits/digits_tf.py --num-executors 3 --min-executors 2 --max-restarts 2  # and lost hosts
     spark-submit --master spark://HOST:7077 examples/digits/digits_tf.py --data-dir /shared/digits
     spark-submit --master yarn examples/digits/digits_tf.py --data-dir hdfs:///user/me/digits \
         --checkpoint-dir hdfs:///user/me/digits-ckpt --export-dir hdfs:///user/me/digits-model
@@ -278,6 +279,8 @@ def parse_args(argv=None):
     p.add_argument("--master", default=None, help="Spark master (default: embedded local-cluster)")
     p.add_argument("--max-restarts", type=int, default=0, help="restart all nodes from the last checkpoint "
                    "after a node failure, up to this many times")
+    p.add_argument("--min-executors", type=int, default=None, help="run with as few as this many nodes when Spark "
+                   "offers fewer than --num-executors (at the start and after a lost host; docs/elastic.md)")
     return p.parse_args(argv)
 
 
@@ -315,7 +318,7 @@ def main(argv=None) -> float:
     info = prepare_shards(local) if local is not None else prepare_tfrecords(spark, args.data_dir)
     args.train_rows = info["train_rows"]
     cluster = TFCluster.run(spark, main_fun, args, args.num_executors, 0, input_mode=InputMode.TENSORFLOW,
-                            master_node="chief", max_restarts=args.max_restarts,
+                            master_node="chief", max_restarts=args.max_restarts, min_executors=args.min_executors,
                             log_dir=f"{args.output_dir}/logs", checkpoint_dir=args.checkpoint_dir)
     cluster.shutdown()
     result = json.loads(read_file(args.output_dir, "result.json"))

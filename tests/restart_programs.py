@@ -44,6 +44,7 @@ def checkpointed_steps(args, ctx):
             ctx.report(first_step_time=first, attempt=ctx.attempt)
         if i % 5 == 0:
             manager.save(checkpoint_number=i)
+            ctx.checkpoint_saved(i)  # a safe point: a smaller cluster may grow back here
             ctx.report(step=i)
         time.sleep(0.05)
     with open(os.path.join(args["out"], f"attempt-rank{ctx.rank}.json"), "w") as f:

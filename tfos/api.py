@@ -81,6 +81,8 @@ class TFCluster:
                      doc="this attempt's roles by node index (fewer after a restart at a smaller size)")
     input_mode = property(lambda self: self.supervisor.input_mode, doc="set by start()")
     restarts = property(lambda self: self.supervisor.restarts, doc="each failure that restarted the cluster")
+    resizes = property(lambda self: self.supervisor.resizes,
+                       doc="each planned restart at another size (the cluster grew back: docs/elastic.md)")
     lost_nodes = property(lambda self: self.supervisor.lost_nodes,
                           doc="each node lost while the others went on (backend='ps' workers)")
     max_restarts = property(lambda self: self.supervisor.max_restarts)
@@ -92,7 +94,7 @@ class TFCluster:
 
     @classmethod
     def reserve(cls, sc, num_executors, num_ps: int = 0, *, min_executors: int | None = None,
-                size_wait: float = 15.0, master_node: str | None = "chief",
+                size_wait: float = 15.0, grow_interval: float | None = 60.0, master_node: str | None = "chief",
                 eval_node: bool = False, reservation_timeout: float = 600, num_gpus: int = 0,
                 env: dict | None = None, log_dir: str | None = None, release_port: bool = True,
                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 30.0,
@@ -115,6 +117,9 @@ class TFCluster:
         and a restart after a failure (``max_restarts``) runs on the slots Spark offers once
         ``restart_backoff`` passed, at least M, instead of waiting for the lost ones
         (docs/elastic.md). Only the last workers come and go; every other node keeps its role.
+        A cluster running smaller asks Spark every ``grow_interval`` seconds (None: never) whether
+        it offers more slots, and grows back at rank 0's next ``ctx.checkpoint_saved()`` by a
+        planned restart from that checkpoint (``cluster.resizes``; no ``max_restarts`` used).
 
         Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
         an evaluator if ``eval_node``, then workers. Fails with ReservationTimeoutError when
@@ -170,7 +175,8 @@ class TFCluster:
             raise ConfigError(f"min_executors={min_nodes} leaves no node to train after {num_ps} ps node(s)"
                               f"{' and 1 evaluator' if eval_node else ''}; raise min_executors")
         restarts = RestartSettings(max_restarts, _seconds("restart_backoff", restart_backoff, allow_zero=True),
-                                   min_nodes, num_executors, _seconds("size_wait", size_wait, allow_zero=True))
+                                   min_nodes, num_executors, _seconds("size_wait", size_wait, allow_zero=True),
+                                   None if grow_interval is None else _seconds("grow_interval", grow_interval))
         supervision = Supervision(None if stall_timeout is None else _seconds("stall_timeout", stall_timeout),
                                   bool(allow_unprotected))
         if tensorboard:

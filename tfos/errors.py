@@ -138,6 +138,15 @@ class NodeFailedError(TFOSError):
         super().__init__(format_failures(self.failures))
 
 
+class Resizing(NodeFailedError):
+    """A feed or call was interrupted by a planned restart at another size (the cluster grows back:
+    docs/elastic.md); ``train()`` feeds the next attempt. No node failed."""
+
+    def __init__(self, message: str):
+        self.failures = []
+        TFOSError.__init__(self, message)
+
+
 def format_failures(failures) -> str:
     """Render node failures in order, the first cause first (the driver orders them); identical
     tracebacks from several nodes are grouped, and each later group begins with "then"."""

@@ -470,6 +470,16 @@ def test_failure_policy_losing_a_node(job, survivable, peers, started, max_resta
     assert d.action is Action[action]
 
 
+@pytest.mark.parametrize("size,max_nodes,offered,expected", [
+    (2, 4, 3, 3), (2, 4, 6, 4), (2, 4, 2, None), (2, 4, 1, None),  # fewer slots than nodes: nothing to grow into
+    (4, 4, 6, None), (2, 4, None, None),  # at the max; Spark cannot say
+])
+def test_grow_to_table(size, max_nodes, offered, expected):
+    from tfos.cluster.driver.lifecycle import grow_to
+
+    assert grow_to(size, max_nodes, offered) == expected
+
+
 @pytest.mark.parametrize("offered,lo,hi,waited,size_wait,expected", [
     (4, 2, 4, 0.0, 15.0, 4),      # all offered: at once
     (6, 2, 4, 0.0, 15.0, 4),      # more than asked: the max

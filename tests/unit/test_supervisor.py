@@ -167,11 +167,16 @@ def test_a_lost_executor_restarts_the_cluster_smaller_without_waiting_for_it():
     assert [(r.node_index, r.attempt) for r in cluster.restarts] == [(2, 0)]
 
 
-def test_the_restart_takes_every_slot_there_is_again():
-    """With the lost slot back by the restart, the next attempt runs all 3 nodes."""
-    spark = FakeSpark(3, scripted({(2, 0): Does.RAISE}), run_secs=0.3)
-    cluster = TFCluster.reserve(spark, (2, 3), **dict(FAST, max_restarts=1))
+def test_the_restart_takes_every_slot_there_is_once_the_backoff_passed():
+    """The lost slot comes back during restart_backoff: the next attempt runs all 3 nodes (the size
+    is what Spark offers when the attempt starts, not when the node failed)."""
+    import threading
+
+    spark = FakeSpark(3, scripted({(2, 0): Does.RAISE}), run_secs=0.5)
+    cluster = TFCluster.reserve(spark, (2, 3), **dict(FAST, max_restarts=1, restart_backoff=1.5))
     cluster.start(main_fun)
+    spark.slots = 2
+    threading.Timer(1.0, lambda: setattr(spark, "slots", 3)).start()  # back within the backoff
     cluster.shutdown(timeout=60)
     assert spark.started[3:] == [(0, 1), (1, 1), (2, 1)] and len(cluster.roles) == 3
 
@@ -198,18 +203,77 @@ def test_a_range_starts_with_what_spark_offers_after_size_wait():
 
 
 def test_the_loop_is_the_only_thread_that_restarts():
-    """Callers waiting in shutdown() and raise_if_failed() at once: one restart, by the loop."""
+    """Callers waiting in raise_if_failed() at once while the loop restarts: one restart (the old
+    callers each restarted, so several waiting callers could restart twice), and every caller
+    returns once the new attempt runs."""
     import threading
 
+    from tfos.testing import wait_for
+
     spark = FakeSpark(2, scripted({(1, 0): Does.RAISE}), run_secs=0.5)
-    cluster = run(spark, max_restarts=2)
-    callers = [threading.Thread(target=cluster.raise_if_failed) for _ in range(3)]
-    time.sleep(0.55)
+    cluster = run(spark, max_restarts=3, restart_backoff=1.0)
+    assert wait_for(lambda: bool(cluster.restarts), 10)  # the loop acted: the callers come during the backoff
+    seen, errors = [], []
+
+    def caller():
+        try:
+            cluster.raise_if_failed()
+            seen.append(cluster.attempt)
+        except BaseException as e:
+            errors.append(e)
+
+    callers = [threading.Thread(target=caller) for _ in range(3)]
     for t in callers:
         t.start()
-    cluster.shutdown(timeout=60)
     for t in callers:
-        t.join(10)
+        t.join(30)
+    assert errors == [] and seen == [1, 1, 1]
+    cluster.shutdown(timeout=60)
     assert spark.started == [(0, 0), (1, 0), (0, 1), (1, 1)] and len(cluster.restarts) == 1
-    names = {t.name for t in threading.enumerate()}
-    assert not any(n.startswith("tfos-supervisor") for n in names)
+    assert not any(t.name.startswith("tfos-supervisor") for t in threading.enumerate())
+
+
+def test_a_loop_abort_finishes_before_the_waiting_call_raises():
+    """max_restarts=0: the loop fails the cluster; shutdown() raises only after everything was
+    released (no node left, the control service stopped)."""
+    spark = FakeSpark(2, scripted({(1, 0): Does.RAISE}, Does.HANG), run_secs=0.3)
+    cluster = run(spark)
+    with pytest.raises(NodeFailedError):
+        cluster.shutdown(timeout=60)
+    assert cluster.supervisor._released.is_set() and not cluster.registry.unfinished(cluster.registry.indexes())
+
+
+def test_a_host_with_two_ps_workers_lost_goes_on_without_both():
+    """backend='ps': two workers (on one dead host) silent at once: each is lost on its own while the
+    third worker runs; nothing restarts."""
+    spark = FakeSpark(5, lambda i, attempt: {1: Does.FINISH, 3: Does.GO_SILENT, 4: Does.GO_SILENT}.get(i, Does.HANG),
+                      run_secs=lambda i: 3.0 if i == 1 else 0.3)
+    cluster = run(spark, 5, num_ps=1, backend="ps", max_restarts=1, heartbeat_timeout=1)
+    cluster.shutdown(timeout=30)
+    assert sorted(n.node_index for n in cluster.lost_nodes) == [3, 4] and cluster.restarts == []
+
+
+def test_a_smaller_cluster_grows_back_at_rank_0s_next_checkpoint():
+    """Started on 2 of 3 slots; the third comes back: at rank 0's next ctx.checkpoint_saved the loop
+    stops the 2 nodes and starts 3 (a planned restart: no max_restarts used, none in restarts)."""
+    spark = FakeSpark(2, lambda i, attempt: Does.CHECKPOINTS if attempt == 0 else Does.FINISH)
+    cluster = TFCluster.reserve(spark, 3, min_executors=2, **dict(FAST, size_wait=0.2, grow_interval=0.3))
+    cluster.start(main_fun)
+    assert len(cluster.roles) == 2
+    time.sleep(0.5)
+    assert len(spark.started) == 2  # nothing to grow into yet
+    spark.slots = 3
+    cluster.shutdown(timeout=60)
+    assert spark.started == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 1)], spark.started
+    assert [(r.from_nodes, r.to_nodes, r.attempt) for r in cluster.resizes] == [(2, 3, 0)]
+    assert cluster.resizes[0].step >= 0 and cluster.restarts == [] and len(cluster.roles) == 3
+
+
+def test_grow_interval_none_never_grows():
+    spark = FakeSpark(2, lambda i, attempt: Does.CHECKPOINTS if attempt == 0 else Does.FINISH)
+    cluster = TFCluster.reserve(spark, 3, min_executors=2, **dict(FAST, size_wait=0.2, grow_interval=None))
+    cluster.start(main_fun)
+    spark.slots = 3
+    time.sleep(1.0)
+    assert len(spark.started) == 2 and cluster.resizes == []
+    cluster._abort(__import__("tfos").TFOSError("done"))

@@ -40,6 +40,7 @@ class Does(enum.Enum):
     GO_SILENT = "register, then send nothing more (a lost host)"
     STALL = "report progress once, then stay alive (heartbeats) without progress; answer stack requests"
     NEVER_REGISTER = "start its agent, never register a TF process"
+    CHECKPOINTS = "run until the driver stops it; node 0 says ctx.checkpoint_saved(step) every 0.1 s"
 
 
 class FakeNode(threading.Thread):
@@ -88,6 +89,12 @@ class FakeNode(threading.Thread):
             return None, "", True, False
         if self.does is Does.STALL:
             client.report({"step": 1}, [])
+        if self.does is Does.CHECKPOINTS:
+            for step in range(int(long * 10)):
+                if self._heartbeat_until(client, time.monotonic() + 0.1):
+                    return -15, "", True, True
+                if self.index == 0:
+                    client.checkpoint_saved(step)
         end = time.monotonic() + (long if self.does in (Does.HANG, Does.STALL) else self.run_secs)
         if stop or self._heartbeat_until(client, end):
             return -15, "", True, True

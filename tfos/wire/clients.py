@@ -114,6 +114,9 @@ class DriverClient:
     def log_model(self, path: str) -> None:
         self._request(M.LogModel(self.cluster_id, self.node_index, path))
 
+    def checkpoint_saved(self, step: int) -> None:
+        self._request(M.CheckpointSaved(self.cluster_id, self.node_index, step))
+
     def send_result(self, tree) -> None:
         """``tree``: a value as :func:`tfos.wire.values.encode` made it."""
         self._request(M.NodeResult(self.cluster_id, self.node_index, tree))

@@ -258,6 +258,13 @@ class LogModel:  # TF process -> driver: ctx.log_model(path), the model to log w
 
 
 @message
+class CheckpointSaved:  # TF process -> driver: ctx.checkpoint_saved(step): a safe point to resize at
+    cluster_id: str
+    node_index: int
+    step: int = -1  # the program's step or epoch, -1 when it gave none
+
+
+@message
 class NodeResult:  # TF process -> driver: what main_fun returned (TFDistributor), as tfos.wire.values made it
     cluster_id: str
     node_index: int

@@ -104,6 +104,18 @@ class Restart(NodeLoss):
     """One node failure that made tfos restart the cluster (``cluster.restarts``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Resize:
+    """A planned restart at another size (``cluster.resizes``): the cluster grew back when Spark
+    offered more slots, at rank 0's checkpoint of ``step``."""
+
+    time: float  # wall-clock seconds (time.time()) when the driver acted on it
+    attempt: int  # the attempt that was stopped
+    from_nodes: int
+    to_nodes: int
+    step: int  # ctx.checkpoint_saved(step): -1 when the program gave none
+
+
 class Action(enum.Enum):
     RESTART = "restart every node"
     LOSE_NODE = "go on without the node"
@@ -165,6 +177,15 @@ def decide(view: ClusterView) -> Decision:
             return Decision(Action.FAIL, "InputMode.SPARK: the feeds ended, so a restart has no data to resume")
         return Decision(Action.HOLD, "InputMode.SPARK: the next train() restarts the cluster")
     return Decision(Action.RESTART, f"restart {view.restarts_done + 1} of {view.max_restarts}")
+
+
+def grow_to(size: int, max_nodes: int, offered: int | None) -> int | None:
+    """Pure: the size a cluster of ``size`` nodes grows to when Spark offers ``offered`` task slots
+    (its own nodes' included), at most ``max_nodes``; None when there is nothing to grow into (or
+    Spark cannot say)."""
+    if offered is None or size >= max_nodes or offered <= size:
+        return None
+    return min(offered, max_nodes)
 
 
 #: Cluster managers' words for a container killed for its memory (YARN's NodeManager, via Spark's

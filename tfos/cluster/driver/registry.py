@@ -90,6 +90,7 @@ class NodeRegistry:
         self.on_output = None  # (node_index, [printed lines]) -> None: the driver's console
         self.model_paths: dict[int, str] = {}  # ctx.log_model(path), by node
         self.results: dict[int, object] = {}  # what main_fun returned (ctx.send_result), by node, this attempt
+        self.checkpoint: tuple[float, int] | None = None  # rank 0's last ctx.checkpoint_saved: (monotonic, step)
         self.stack_request = 0  # the latest request for every TF process's stacks (0: none yet)
         self.gathers: dict[str, dict[int, int]] = {}  # all-gather key -> {training rank: value}
         self.store = RendezvousStore()  # Gloo's rendezvous (tfos.tf.gloo.DriverStore); emptied per attempt
@@ -234,9 +235,15 @@ class NodeRegistry:
             self.backend_config = None
             self.gathers = {}
             self.results = {}
+            self.checkpoint = None
             self.store.clear()
             self.cond.notify_all()
         return True
+
+    def indexes(self) -> list[int]:
+        """This attempt's node indexes."""
+        with self.cond:
+            return sorted(self.nodes)
 
     def request_stop(self, which) -> None:
         with self.cond:
@@ -429,6 +436,14 @@ class NodeRegistry:
         with self.cond:
             self.node(msg.node_index)  # a known node
             self.model_paths[msg.node_index] = msg.path
+        return M.Ack()
+
+    def on_checkpoint_saved(self, msg: M.CheckpointSaved):
+        """Rank 0 wrote a checkpoint: a safe point (the supervisor's loop may resize the cluster)."""
+        with self.cond:
+            self.node(msg.node_index)  # a known node
+            self.checkpoint = (time.monotonic(), msg.step)
+            self.cond.notify_all()
         return M.Ack()
 
     def on_node_result(self, msg: M.NodeResult):

@@ -33,6 +33,7 @@ class ControlService:
             M.Report: registry.on_report,
             M.LogModel: registry.on_log_model,
             M.NodeResult: registry.on_node_result,
+            M.CheckpointSaved: registry.on_checkpoint_saved,
             M.GetNodeFailure: registry.on_get_node_failure,
             M.StoreSet: registry.on_store_set,
             M.StoreGet: registry.on_store_get,

@@ -68,13 +68,16 @@ class RestartSettings:
     """What the supervisor may do after a failure: restart up to ``max_restarts`` times,
     ``backoff`` seconds after it, with between ``min_nodes`` and ``max_nodes`` nodes
     (reserve()'s ``min_executors`` and ``num_executors``: what Spark offers then). ``size_wait``:
-    how long reserve() waits for more than ``min_nodes`` slots before starting smaller."""
+    how long reserve() waits for more than ``min_nodes`` slots before starting smaller;
+    ``grow_interval``: how often a cluster running fewer than ``max_nodes`` asks Spark for more
+    slots, to grow at rank 0's next ``ctx.checkpoint_saved()`` (None: never)."""
 
     max_restarts: int = 0
     backoff: float = 5.0
     min_nodes: int = 1
     max_nodes: int = 1
     size_wait: float = 15.0
+    grow_interval: float | None = 60.0  # how often a smaller cluster looks for more slots (None: never)
 
     @property
     def elastic(self) -> bool:

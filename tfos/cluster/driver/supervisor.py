@@ -28,12 +28,12 @@ from tfos import topology
 from tfos.cluster.driver import security
 from tfos.cluster.driver import spark as S
 from tfos.cluster.driver import stall
-from tfos.cluster.driver.lifecycle import (Action, ClusterView, Lifecycle, NodeLoss, Phase, Restart, decide,
-                                          disconnect_grace, explain_executor_loss, first_cause_first)
+from tfos.cluster.driver.lifecycle import (Action, ClusterView, Lifecycle, NodeLoss, Phase, Resize, Restart, decide,
+                                          disconnect_grace, explain_executor_loss, first_cause_first, grow_to)
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.settings import ClusterShape, RestartSettings, Supervision, size_to_start
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
-from tfos.errors import (Cause, FeedError, NodeFailedError, ReservationTimeoutError, StallError,
+from tfos.errors import (Cause, FeedError, Resizing, NodeFailedError, ReservationTimeoutError, StallError,
                          TFOSError, TFOSTimeoutError, remote_error)
 from tfos.topology import InputMode
 from tfos.wire import messages as M
@@ -72,12 +72,16 @@ class Supervisor:
         self.input_mode: InputMode | None = None
         self.restarts: list[Restart] = []  # each failure that restarted the cluster
         self.lost_nodes: list[NodeLoss] = []  # each node lost while the others went on (backend='ps' workers)
+        self.resizes: list[Resize] = []  # each planned restart at another size (growing back)
         self._failed_before: list = []  # NodeFailures of the attempts that were restarted
         self._main = None  # (main_fun, tf_args, node_hooks), kept for restarts
         self._attempt_started = time.time()  # when this attempt's barrier stage was submitted
         self._reservation: S.SparkJob | None = None
         self._loop: threading.Thread | None = None
         self._closing = threading.Event()
+        self._released = threading.Event()  # release() finished: every node stopped, everything let go
+        self._release_lock = threading.Lock()
+        self._stall_thread: threading.Thread | None = None  # the watchdog's report, once a stall was seen
         # the loop's state, read by the API calls under _cv (the loop notifies after every change)
         self._cv = threading.Condition()
         self._launch_deadline: float | None = None  # an attempt is starting: when it times out (monotonic)
@@ -85,6 +89,8 @@ class Supervisor:
         self._wanting = 0  # API calls waiting to resume a feed (InputMode.SPARK restarts only for them)
         self._held = -1  # the attempt whose failure the loop holds (logged once)
         self._stalled = False
+        self._grow: tuple[int, float] | None = None  # (size to grow to, since when: monotonic), at the next checkpoint
+        self._looked = time.monotonic()  # when the loop last asked Spark for more slots
 
     @property
     def roles(self) -> list[tuple[str, int]]:
@@ -165,7 +171,8 @@ class Supervisor:
                 self.abort(TFOSError(f"the tfos supervisor failed: {type(e).__name__}: {e}"))
                 return
             due = self._launch_deadline
-            wait = LOOP_TICK_SECS if due is None else min(LOOP_TICK_SECS, max(0.0, due - time.monotonic()) + 0.01)
+            ahead = None if due is None else due - time.monotonic()
+            wait = LOOP_TICK_SECS if ahead is None or ahead <= 0 else min(LOOP_TICK_SECS, ahead + 0.01)
             with self.registry.cond:  # a registration, an exit report, a failure wakes it at once
                 if not self._closing.is_set():
                     self.registry.cond.wait(wait)
@@ -191,6 +198,38 @@ class Supervisor:
             self._watch_start(snap)
         else:
             self._check_stall()
+            self._maybe_grow()
+
+    def _maybe_grow(self) -> None:
+        """A cluster running smaller than ``num_executors``: every ``grow_interval`` ask Spark how many
+        slots it offers; with more, grow (:func:`lifecycle.grow_to`) at rank 0's next checkpoint
+        (``ctx.checkpoint_saved``) by a planned restart, which counts against no ``max_restarts``."""
+        s = self.settings
+        if not s.elastic or s.grow_interval is None or self.lifecycle.phase not in (Phase.RUNNING, Phase.SHUTTING_DOWN):
+            return
+        with self._cv:
+            resumable = self.input_mode == InputMode.TENSORFLOW or self._wanting > 0
+        if not resumable:
+            return
+        now = time.monotonic()
+        size = len(self.config.roles)
+        if now - self._looked >= s.grow_interval:
+            self._looked = now
+            target = grow_to(size, s.max_nodes, self.spark.slots_offered())
+            if target is None:
+                self._grow = None
+            elif self._grow is None or self._grow[0] != target:
+                self._grow = (target, now)
+                logger.warning("tfos cluster %s: Spark offers slots for %d nodes; the cluster grows from %d at rank "
+                               "0's next checkpoint (ctx.checkpoint_saved)", self.cluster_id, target, size)
+        saved = self.registry.checkpoint
+        if self._grow is not None and saved is not None and saved[0] >= self._grow[1]:
+            target = self._grow[0]
+            self._grow = None
+            self.resizes.append(Resize(time.time(), self.config.attempt, size, target, saved[1]))
+            logger.warning("tfos cluster %s: growing from %d to %d nodes after rank 0's checkpoint at step %d",
+                           self.cluster_id, size, target, saved[1])
+            self._stop_attempt([])
 
     def _start_timed_out(self, snap) -> None:
         c = self.config
@@ -230,26 +269,24 @@ class Supervisor:
     def _on_failures(self, failures) -> None:
         attempt = self.config.attempt
         failures = [dataclasses.replace(f, attempt=attempt) for f in failures]
+        if len(failures) > 1:  # e.g. a host with two ps workers died: each one the backend can lose, on its own
+            failures = [f for f in failures if not self._lost(f, decide(self.view([f])))]
+            if not failures:
+                return
         d = decide(self.view(failures))
-        if d.action is Action.LOSE_NODE:
-            f = failures[0]
-            self.registry.lose(f.node_index)
-            self.lost_nodes.append(NodeLoss(time.time(), attempt, f.node_index, f.job_name, f.task_index, f.host,
-                                            f.reason))
-            logger.warning("tfos cluster %s: %s:%d on %s lost (%s); %s without it", self.cluster_id, f.job_name,
-                           f.task_index, f.host, f.reason, d.reason)
-            with self._cv:
-                self._cv.notify_all()
+        if self._lost(failures[0], d):
             return
         if d.action is Action.HOLD:
             if self._held != attempt:  # once: asking to stop wakes this loop again
                 self._held = attempt
-                self.registry.request_stop(range(len(self.config.roles)))
+                self.registry.request_stop(self.registry.indexes())
+                with self._cv:
+                    self._launch_deadline = None  # the attempt stops: nothing is starting any more
                 logger.warning("tfos cluster %s: node %s failed while no feed runs; the next train() restarts the "
                                "cluster, shutdown() raises the failure", self.cluster_id,
                                ", ".join(str(f.node_index) for f in failures))
             return
-        self.registry.request_stop(range(len(self.config.roles)))  # the others stop now, whatever comes next
+        self.registry.request_stop(self.registry.indexes())  # the others stop now, whatever comes next
         failures = self._explained(failures)
         if d.action is Action.FAIL:
             if self.settings.max_restarts > 0:
@@ -258,18 +295,34 @@ class Supervisor:
             return
         self._stop_attempt(failures)
 
+    def _lost(self, f, d) -> bool:
+        """Carry out LOSE_NODE for failure ``f`` (the run goes on without its node); False for any
+        other decision ``d``."""
+        if d.action is not Action.LOSE_NODE:
+            return False
+        self.registry.lose(f.node_index)
+        self.lost_nodes.append(NodeLoss(time.time(), f.attempt, f.node_index, f.job_name, f.task_index, f.host,
+                                        f.reason))
+        logger.warning("tfos cluster %s: %s:%d on %s lost (%s); %s without it", self.cluster_id, f.job_name,
+                       f.task_index, f.host, f.reason, d.reason)
+        with self._cv:
+            self._cv.notify_all()
+        return True
+
     def _stop_attempt(self, failures) -> None:
-        """Stop every node of the failed attempt; the next one starts ``restart_backoff`` later."""
+        """Stop every node of this attempt (failed, or ``failures`` empty: a planned resize); the
+        next one starts ``restart_backoff`` later."""
         reg, attempt = self.registry, self.config.attempt
         with self._cv:
             self._restart_due = float("inf")  # restarting: the API calls wait for the next attempt
             self._launch_deadline = None
-        logger.warning("tfos cluster %s: restarting after the failure of %s (restart %d of %d)", self.cluster_id,
-                       ", ".join(f"node {f.node_index} on {f.host}: {f.reason}" for f in failures), attempt + 1,
-                       self.settings.max_restarts)
-        reg.abort("the cluster is restarting after a node failure")
+        if failures:
+            logger.warning("tfos cluster %s: restarting after the failure of %s (restart %d of %d)", self.cluster_id,
+                           ", ".join(f"node {f.node_index} on {f.host}: {f.reason}" for f in failures),
+                           len({r.attempt for r in self.restarts}) + 1, self.settings.max_restarts)
+        reg.abort("the cluster is restarting after a node failure" if failures else "the cluster is resizing")
         t_stop = time.monotonic()
-        self.stop_nodes(range(len(self.config.roles)))
+        self.stop_nodes(self.registry.indexes())
         # every node that failed by itself, not only the first one the driver heard of
         known = {f.node_index for f in failures}
         failures += [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own()
@@ -294,6 +347,7 @@ class Supervisor:
         size = self.restart_size()
         if size is None:
             return  # the cluster failed or ended meanwhile
+        self._looked = time.monotonic()
         roles = self.shape.roles(size)
         config = dataclasses.replace(self.config, cluster_id=f"{self.cluster_id}-{attempt}", attempt=attempt,
                                      roles=tuple(roles))
@@ -308,8 +362,10 @@ class Supervisor:
             logger.warning("tfos cluster %s: attempt %d runs %d node(s), the last ran %d (min_executors=%d, "
                            "num_executors=%d: what Spark offers now)", self.cluster_id, attempt, size, before,
                            self.settings.min_nodes, self.settings.max_nodes)
-        with self._cv:
+        with self._cv:  # one step: a waiting call never sees "neither restarting nor starting" in between
             self._restart_due = None
+            self._launch_deadline = time.monotonic() + self.config.reservation_timeout
+            self._cv.notify_all()
         self._submit()
         t_stop, t_stopped = getattr(self, "_t_stopped", (0.0, 0.0))
         logger.info("tfos cluster %s: attempt %d submitted (stopping the nodes took %.1fs)", self.cluster_id,
@@ -360,7 +416,7 @@ class Supervisor:
         The node whose own error started it may report after a peer whose collective it aborted:
         wait up to FIRST_CAUSE_WAIT_SECS for the other nodes' exit reports."""
         reg, attempt = self.registry, self.config.attempt
-        started = reg.started(range(len(self.config.roles)))
+        started = reg.started(reg.indexes())
         reg.wait_until(lambda snap: not snap.unfinished(started), FIRST_CAUSE_WAIT_SECS)
         known = {f.node_index for f in failures}
         more = [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own() if f.node_index not in known]
@@ -383,7 +439,11 @@ class Supervisor:
         if not stall.stalled(time.monotonic(), last, self.supervision.stall_timeout):
             return
         self._stalled = True
-        self.abort(StallError(self.stall_report(time.monotonic() - last)))
+        secs = time.monotonic() - last
+        # the report waits up to 10 s for the nodes' stacks: the loop keeps watching meanwhile
+        self._stall_thread = threading.Thread(target=lambda: self.abort(StallError(self.stall_report(secs))),
+                                              name=f"tfos-stall-{self.cluster_id}", daemon=True)
+        self._stall_thread.start()
 
     def stall_report(self, secs: float | None, timeout: float = 10.0) -> str:
         return stall.stall_message(secs, [(label, dump, tail)
@@ -409,8 +469,10 @@ class Supervisor:
                 + s.backoff + s.size_wait + 2 * c.reservation_timeout + 60)
 
     def _wait(self, ready, what: str) -> None:
-        """Wait until ``ready()`` (checked under the loop's condition) or the cluster ended;
-        TFOSTimeoutError after :meth:`_limit` seconds (the loop has its own, shorter deadlines)."""
+        """Wait until ``ready()`` (checked under the loop's condition) or the cluster ended, and then
+        until its nodes were stopped and everything released (an abort by the loop finishes before
+        the call that waited raises); TFOSTimeoutError after :meth:`_limit` seconds (the loop has its
+        own, shorter deadlines)."""
         limit = self._limit()
         deadline = time.monotonic() + limit
         with self._cv:
@@ -420,6 +482,13 @@ class Supervisor:
                     raise TFOSTimeoutError(f"the supervisor did not finish {what} within {limit:.0f}s; see the "
                                            "driver's log (raise reservation_timeout if Spark is slow to offer slots)")
                 self._cv.wait(min(remaining, LOOP_TICK_SECS))
+        if self.lifecycle.phase is Phase.FAILED:
+            self._released.wait(max(1.0, min(deadline - time.monotonic(), self._stop_secs() + 60)))
+
+    def _stop_secs(self) -> float:
+        """How long stopping every node may take (:meth:`stop_nodes`)."""
+        c = self.config
+        return c.heartbeat_interval * 2 + c.stop_grace_secs + 15
 
     def _settled(self) -> bool:
         """The loop has acted on every failure it knows: no attempt stopping or starting, none failed."""
@@ -453,7 +522,10 @@ class Supervisor:
         if self.lifecycle.phase is Phase.FAILED:
             raise self.lifecycle.error
         if self._restart_due is not None or self.config.attempt != attempt:
-            raise NodeFailedError(failures or self._failed_before[-1:])
+            if failures:
+                raise NodeFailedError(failures)
+            raise Resizing(f"the cluster restarts at another size (attempt {attempt} stopped): the feed goes to "
+                           "the next attempt")
 
     def _wanted(self):
         sup = self
@@ -481,16 +553,28 @@ class Supervisor:
         with self._wanted():
             while True:
                 epochs_done: list[int] = []  # rows of each epoch fed completely in this attempt
+                attempt = self.config.attempt
                 try:
-                    return fed + feed(num_epochs - done, epochs_done)
-                except NodeFailedError:
+                    rows = feed(num_epochs - done, epochs_done)
+                except NodeFailedError:  # Resizing too
                     done += len(epochs_done)
                     fed += sum(epochs_done)
-                    logger.warning("tfos: a node failed while feeding epoch %d of %d; the cluster restarts",
-                                   done + 1, num_epochs)
+                    logger.warning("tfos: the cluster restarts while feeding epoch %d of %d; the new attempt is fed "
+                                   "from that epoch", done + 1, num_epochs)
                     self._wait(self._settled, "restarting the cluster")
                     if self.lifecycle.phase is Phase.FAILED:
                         raise self.lifecycle.error from None
+                    continue
+                self._wait(self._settled, "acting on a node failure")
+                if self.lifecycle.phase is Phase.FAILED:
+                    raise self.lifecycle.error
+                if self.config.attempt == attempt:
+                    return fed + rows
+                # restarted after the last rows were handed over, before the nodes trained on them
+                done += max(0, len(epochs_done) - 1)
+                fed += sum(epochs_done[:-1])
+                logger.warning("tfos: the cluster restarted at the end of the feed; the new attempt is fed epoch %d "
+                               "of %d again", done + 1, num_epochs)
 
     # ------------------------------------------------------------------ stopping
     def shutdown(self, grace_secs: float, timeout: float) -> None:
@@ -526,13 +610,17 @@ class Supervisor:
             if not reg.unfinished(self._trainers()):
                 break
         if self.lifecycle.phase is Phase.FAILED:  # a failure, the stall watchdog or an abort ended it
+            self._released.wait(self._stop_secs() + 60)
             raise self.lifecycle.error
-        others = [i for i in range(len(self.config.roles)) if i not in self._trainers()]
+        others = [i for i in reg.indexes() if i not in self._trainers()]
         if others and not reg.snapshot().failures:
             reg.wait_until(lambda s: not s.unfinished(others), grace_secs)
         self._closing.set()  # the loop ends: what happens now is the end, not a failure to act on
         self._join_loop()
-        self.stop_nodes(range(len(self.config.roles)))
+        if self.lifecycle.phase is Phase.FAILED:  # the loop failed it before it ended
+            self._released.wait(self._stop_secs() + 60)
+            raise self.lifecycle.error
+        self.stop_nodes(self.registry.indexes())
         if reg.snapshot().failures:
             self.lifecycle.fail(NodeFailedError(self.every_failure()))
             self.release()
@@ -548,7 +636,7 @@ class Supervisor:
         reg = self.registry
         reg.request_stop(which)
         c = self.config
-        timeout = c.heartbeat_interval * 2 + c.stop_grace_secs + 15
+        timeout = self._stop_secs()
         deadline = time.monotonic() + timeout
         started = reg.started(which)
         grace = disconnect_grace(c.heartbeat_interval, c.heartbeat_timeout)
@@ -566,11 +654,13 @@ class Supervisor:
             self._cv.notify_all()
         if not failed:
             return
-        self.registry.abort(str(err).splitlines()[0] if str(err) else type(err).__name__)
-        self.stop_nodes(range(len(self.config.roles)))
-        if self._join_loop():  # it may have started an attempt meanwhile: stop that one too
-            self.stop_nodes(range(len(self.config.roles)))
-        self.release()
+        try:
+            self.registry.abort(str(err).splitlines()[0] if str(err) else type(err).__name__)
+            self.stop_nodes(self.registry.indexes())
+            if self._join_loop():  # it may have started an attempt meanwhile: stop that one too
+                self.stop_nodes(self.registry.indexes())
+        finally:
+            self.release()
 
     def _join_loop(self) -> bool:
         """Wait for the control loop to end (unless this is it); True if it was running."""
@@ -583,17 +673,27 @@ class Supervisor:
         return True
 
     def release(self) -> None:
-        self._closing.set()
-        with self._cv:
-            self._cv.notify_all()
-        job = self._reservation
-        if job is not None and not job.done.is_set():
-            job.thread.join(timeout=10)
-            job.cancel()
-        self._join_loop()
-        self.backend.teardown()
-        if self.on_release is not None:
-            self.on_release()
+        """Let go of everything (once): the barrier job, the control loop, the backend, and the
+        cluster's reporting, TensorBoard and control service (``on_release``)."""
+        with self._release_lock:
+            if self._released.is_set():
+                return
+            try:
+                self._closing.set()
+                with self._cv:
+                    self._cv.notify_all()
+                job = self._reservation
+                if job is not None and not job.done.is_set():
+                    job.thread.join(timeout=10)
+                    job.cancel()
+                self._join_loop()
+                self.backend.teardown()
+                if self.on_release is not None:
+                    self.on_release()
+            finally:
+                self._released.set()
+                with self._cv:
+                    self._cv.notify_all()
 
 
 def _short(e: BaseException) -> str:

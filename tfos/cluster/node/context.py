@@ -128,6 +128,16 @@ class NodeContext:
         self.reporter.flush()
         self.reporter.driver.log_model(self.absolute_path(path))
 
+    def checkpoint_saved(self, step: int | None = None) -> None:
+        """Tell the driver that this rank just wrote a checkpoint (at ``step``, the program's step or
+        epoch): a safe point. A cluster running smaller than ``num_executors`` grows back there when
+        Spark offers more slots (a planned restart from that checkpoint; docs/elastic.md). Rank 0's
+        call counts; cheap enough to call after every save."""
+        if self.rank != 0:
+            return
+        self.reporter.flush()
+        self.reporter.driver.checkpoint_saved(-1 if step is None else int(step))
+
     def send_result(self, value) -> None:
         """Hand ``value`` to the driver as this node's result (``cluster.results``; TFDistributor
         returns rank 0's). It crosses without pickle (:mod:`tfos.wire.values`): numbers, strings,

@@ -63,11 +63,11 @@ class FeedJobs:
             except BaseException:
                 job.cancel()
                 raise
-            snap = reg.snapshot()
-            if snap.abort_reason or snap.failures:
+            if reg.snapshot().abort_reason:
                 job.cancel()
                 self.check_failed()
                 break
+            # the supervisor went on without a lost node (another may have failed meanwhile): wait on
         job.thread.join()
         if job.error is not None:
             self._await_node_verdict()

@@ -211,6 +211,7 @@ def main_fun(args, ctx):
             ctx.report(step=steps, loss=loss, epoch=steps // steps_per_epoch + 1)  # the driver's progress line
         if steps % every == 0 or steps == planned:
             manager.save(checkpoint_number=steps)
+            ctx.checkpoint_saved(steps)  # a safe point: a cluster running smaller grows back here
         if steps % steps_per_epoch == 0:
             print(f"rank {ctx.rank} epoch {steps // steps_per_epoch - 1}: loss {total / steps_per_epoch:.4f}",
                   flush=True)

@@ -214,3 +214,26 @@ def test_gloo_peer_killed_mid_allreduce_fails_the_cluster_within_30_s(tfos_clust
     assert delay < 30
     # whichever report reaches the driver first: node 1's death, or node 0's broken all-reduce
     assert any(f.node_index == 1 or "CollectiveError" in f.traceback for f in exc.value.failures), exc.value
+
+
+def sigterm_main(args, ctx):
+    """Whether this TF process catches SIGTERM right after MWMS started (TF's coordination service
+    installs a handler for its preemption notifier)."""
+    import os as _os
+
+    def caught() -> bool:
+        with open(f"/proc/{_os.getpid()}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt"))
+        return bool(mask & (1 << 14))  # bit 14: signal 15
+
+    ctx.strategy()
+    ctx.send_result({"caught_after_strategy": caught()})
+
+
+def test_an_mwms_tf_process_still_dies_of_the_agents_sigterm(tfos_cluster):
+    """MWMS's coordination service takes SIGTERM over, so a stop waited stop_grace_secs for SIGKILL
+    on every restart, resize and shutdown: in a tfos node tfos gives SIGTERM its default back."""
+    cluster = tfos_cluster(2, 0, master_node="chief")
+    cluster.start(sigterm_main, None)
+    cluster.shutdown(timeout=300)
+    assert cluster.results == {0: {"caught_after_strategy": False}, 1: {"caught_after_strategy": False}}

@@ -19,7 +19,7 @@ class MWMSNode(NodeHooks):
     def strategy(self, ctx):
         import tensorflow as tf
 
-        from tfos.tf.collectives import communication_options, mwms_cluster_resolver
+        from tfos.tf.collectives import communication_options, mwms_cluster_resolver, stop_on_sigterm
 
         from tfos.distribute import init_gloo
 
@@ -28,6 +28,7 @@ class MWMSNode(NodeHooks):
             cluster_resolver=mwms_cluster_resolver(),
             communication_options=communication_options(communication, self.bytes_per_pack,
                                                         self.timeout_seconds))
+        stop_on_sigterm()  # TF's coordination service took SIGTERM over
         init_gloo(strategy, self.implementation, self.timeout_seconds, self.communication)
         return strategy
 

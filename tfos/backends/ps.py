@@ -27,8 +27,12 @@ class PSNode(NodeHooks):
     def strategy(self, ctx):
         import tensorflow as tf
 
+        from tfos.tf.collectives import stop_on_sigterm
+
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return tf.distribute.ParameterServerStrategy(resolver)
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
+        stop_on_sigterm()  # TF's coordination service took SIGTERM over
+        return strategy
 
 
 class PSBackend(Backend):

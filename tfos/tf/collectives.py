@@ -13,6 +13,25 @@ IMPLEMENTATIONS = ("auto", "tf", "gloo")
 ALONE_BYTES = 1 << 20
 
 
+def stop_on_sigterm() -> bool:
+    """Give SIGTERM its default action back in a tfos node's TF process; True if it did.
+
+    TF's coordination service (started by MultiWorkerMirroredStrategy and ParameterServerStrategy)
+    catches SIGTERM for its preemption notifier, and the process then ignores the node agent's stop
+    until ``stop_grace_secs`` ran out and SIGKILL came: every restart, resize and shutdown waited
+    that long. In a tfos node the agent is the one that hears eviction notices, so the TF process
+    may die of SIGTERM again. Outside a node (a plain process) nothing changes."""
+    import signal
+    import threading
+
+    from tfos.cluster.node.control import node_config
+
+    if node_config() is None or threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return True
+
+
 def choose_implementation(requested: str, communication: str, gloo_installed: bool, num_gpus: int) -> str:
     """Pure: ``'tf'`` or ``'gloo'`` for the ``implementation`` argument ``requested``.
 

@@ -168,6 +168,7 @@ def _start_with_strategy(tf_config) -> None:
     _state.strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=collectives.mwms_cluster_resolver(),
         communication_options=collectives.communication_options(_state.communication))
+    collectives.stop_on_sigterm()  # TF's coordination service took SIGTERM over
     resolver = _state.strategy.cluster_resolver
     logger.debug("MWMS started for task %s:%s", resolver.task_type, resolver.task_id)
 
@@ -199,6 +200,7 @@ def _start_with_context(task: _Task) -> None:
         task_index=task.index, protocol="grpc", port=0)
     ctx.enable_collective_ops(server_def)
     ctx.ensure_initialized()
+    collectives.stop_on_sigterm()  # the coordination service took SIGTERM over
 
 
 def rank() -> int:

@@ -6,7 +6,9 @@ network namespaces; root): the victim's whole host is killed (every process SIGK
 new attempt runs on the two other hosts; the host comes back between runs. With ``--shrink``
 (multi-host harness): 3 nodes on the 3 hosts with ``min_executors=2``, a whole host killed for
 good, the restart runs on the 2 hosts left: SIGKILL -> first step on 2 nodes, against a fresh start
-of a 2-node cluster (reserve -> first step) in the same run.
+of a 2-node cluster (reserve -> first step) in the same run; then the host comes back and the
+cluster grows to 3 at rank 0's next ctx.checkpoint_saved: Spark offering the third slot -> first
+step on 3 nodes, against the same run's fresh 3-node start (grow_interval=1 s).
 
     python bench/restart.py [--runs 3] [--multihost | --shrink]
 """
@@ -56,6 +58,7 @@ def main_fun(args, ctx):
         step()
         if i % 20 == 0:
             ctx.report(step=i)
+            ctx.checkpoint_saved(i)  # (no checkpoint is written: the signal is what a resize waits for)
         time.sleep(0.01)
 
 
@@ -94,7 +97,7 @@ def one_run(sc, hosts=None, shrink: bool = False):
     reference = fresh_start(sc, 2) if shrink else None
     t0 = time.time()
     cluster = TFCluster.run(sc, main_fun, 100000, 3 if shrink else 2, 0, input_mode=InputMode.TENSORFLOW,
-                            master_node="chief", min_executors=2 if shrink else None,
+                            master_node="chief", min_executors=2 if shrink else None, grow_interval=1,
                             max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2,
                             progress=False, heartbeat_timeout=10 if hosts else 30, reservation_timeout=180)
     victim = None
@@ -110,13 +113,24 @@ def one_run(sc, hosts=None, shrink: bool = False):
             hosts.kill_host(victim)
         restarted = first_step(cluster, 1) - t_kill
         noticed = cluster.restarts[0].time - t_kill
+        grown = None
         if shrink:
             assert len(cluster.roles) == 2, cluster.roles  # it went on smaller
+            from tfos.cluster.driver.spark import slots_offered
+
+            hosts.restart_worker(victim)  # the host comes back
+            victim = None
+            wait(lambda: slots_offered(sc) >= 3, 120)
+            t_back = time.time()
+            grown = first_step(cluster, 2) - t_back
+            assert len(cluster.roles) == 3 and cluster.resizes, cluster.resizes
     finally:
         cluster._abort(__import__("tfos").TFOSError("benchmark done"))
         if victim is not None:  # the host comes back for the next run
             hosts.restart_worker(victim)
-    return (reference if shrink else fresh), restarted, noticed
+    if shrink:
+        return reference, restarted, noticed, fresh, grown
+    return fresh, restarted, noticed
 
 
 def main(argv=None):
@@ -156,9 +170,20 @@ def main(argv=None):
         rows = [one_run(spark.sparkContext) for _ in range(args.runs)]
         spark.stop()
         print("local-cluster[2,1,1024]: the victim's TF process SIGKILLed")
-    print(f"| run | fresh start{' of 2 nodes' if args.shrink else ''}: reserve -> first step (s) | restart: SIGKILL "
-          f"-> first step of attempt 1{' on 2 nodes' if args.shrink else ''} (s) | SIGKILL -> driver acts (s) | "
-          "restart / fresh |")
+    if args.shrink:
+        print("| run | fresh start of 2 nodes (s) | shrink: SIGKILL -> first step on 2 nodes (s) | SIGKILL -> driver "
+              "acts (s) | shrink / fresh 2 | fresh start of 3 nodes (s) | grow: 3rd slot offered -> first step on 3 "
+              "nodes (s) | grow / fresh 3 |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for i, (f2, shrunk, noticed, f3, grown) in enumerate(rows, 1):
+            print(f"| {i} | {f2:.1f} | {shrunk:.1f} | {noticed:.1f} | {shrunk / f2:.2f} | {f3:.1f} | {grown:.1f} | "
+                  f"{grown / f3:.2f} |")
+        m = [statistics.median(c) for c in zip(*rows)]
+        print(f"| median | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.1f} | {m[1] / m[0]:.2f} | {m[3]:.1f} | {m[4]:.1f} | "
+              f"{m[4] / m[3]:.2f} |")
+        return
+    print("| run | fresh start: reserve -> first step (s) | restart: SIGKILL -> first step of attempt 1 (s) | "
+          "SIGKILL -> driver acts (s) | restart / fresh |")
     print("|---:|---:|---:|---:|---:|")
     for i, (fresh, restarted, noticed) in enumerate(rows, 1):
         print(f"| {i} | {fresh:.1f} | {restarted:.1f} | {noticed:.1f} | {restarted / fresh:.2f} |")

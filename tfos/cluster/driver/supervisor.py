@@ -91,6 +91,7 @@ class Supervisor:
         self._stalled = False
         self._grow: tuple[int, float] | None = None  # (size to grow to, since when: monotonic), at the next checkpoint
         self._looked = time.monotonic()  # when the loop last asked Spark for more slots
+        self._t_stopped = (0.0, 0.0)  # the last stop of an attempt: (began, ended), monotonic
 
     @property
     def roles(self) -> list[tuple[str, int]]:
@@ -367,7 +368,7 @@ class Supervisor:
             self._launch_deadline = time.monotonic() + self.config.reservation_timeout
             self._cv.notify_all()
         self._submit()
-        t_stop, t_stopped = getattr(self, "_t_stopped", (0.0, 0.0))
+        t_stop, t_stopped = self._t_stopped
         logger.info("tfos cluster %s: attempt %d submitted (stopping the nodes took %.1fs)", self.cluster_id,
                     attempt, t_stopped - t_stop)
 

@@ -402,7 +402,8 @@ class Supervisor:
         """``failures`` with what Spark knows of their executors' loss (YARN's "Container killed by
         YARN for exceeding physical memory limits", ...). An executor whose node agent saw it die is
         reported by the cluster manager moments later: wait up to EXPLAIN_WAIT_SECS for that."""
-        wait = any(f.cause in (Cause.EXECUTOR_LOST, Cause.AGENT_LOST, Cause.EVICTED) for f in failures)
+        # only when the node saw its executor go (or be told to): a lost agent or a crash is known now
+        wait = any(f.cause in (Cause.EXECUTOR_LOST, Cause.EVICTED) for f in failures)
         deadline = time.monotonic() + (EXPLAIN_WAIT_SECS if wait else 0)
         while True:
             removed = self.spark.removed_executors()

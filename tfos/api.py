@@ -8,6 +8,9 @@ restarts, the failure policy), the node registry and feed scheduler behind the c
 (``tfos.feed.driver.jobs``), and the progress bar, timeline and TensorBoard (``progress``,
 ``tensorboard``), the MLflow run (``tracking``) and the checks of reserve()'s arguments
 (``settings``).
+
+Past 450 lines only by reserve()'s argument list and its docstring (the public API's reference);
+the work behind each method lives in the modules named above.
 """
 
 from __future__ import annotations

@@ -86,6 +86,8 @@ class TFCluster:
     restarts = property(lambda self: self.supervisor.restarts, doc="each failure that restarted the cluster")
     resizes = property(lambda self: self.supervisor.resizes,
                        doc="each planned restart at another size (the cluster grew back: docs/elastic.md)")
+    evictions = property(lambda self: self.supervisor.evictions,
+                         doc="each save before nodes went, after which the cluster went on without them")
     lost_nodes = property(lambda self: self.supervisor.lost_nodes,
                           doc="each node lost while the others went on (backend='ps' workers)")
     max_restarts = property(lambda self: self.supervisor.max_restarts)
@@ -97,7 +99,8 @@ class TFCluster:
 
     @classmethod
     def reserve(cls, sc, num_executors, num_ps: int = 0, *, min_executors: int | None = None,
-                size_wait: float = 15.0, grow_interval: float | None = 60.0, master_node: str | None = "chief",
+                size_wait: float = 15.0, grow_interval: float | None = 60.0, eviction_grace: float = 30.0,
+                master_node: str | None = "chief",
                 eval_node: bool = False, reservation_timeout: float = 600, num_gpus: int = 0,
                 env: dict | None = None, log_dir: str | None = None, release_port: bool = True,
                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 30.0,
@@ -123,6 +126,10 @@ class TFCluster:
         A cluster running smaller asks Spark every ``grow_interval`` seconds (None: never) whether
         it offers more slots, and grows back at rank 0's next ``ctx.checkpoint_saved()`` by a
         planned restart from that checkpoint (``cluster.resizes``; no ``max_restarts`` used).
+        A node told to go (a termination signal to its agent, its executor ending) gives the
+        training ranks up to ``eviction_grace`` seconds to checkpoint at one step when their
+        program asks ``ctx.should_checkpoint(step)``; the cluster then goes on without it from that
+        checkpoint, no step lost (``cluster.evictions``; 0: never wait).
 
         Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
         an evaluator if ``eval_node``, then workers. Fails with ReservationTimeoutError when
@@ -226,7 +233,8 @@ class TFCluster:
                                 heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
                                 stop_grace_secs=stop_grace_secs, timeline=timeline, report_interval=report_interval,
                                 metric_history=mlflow or mlflow_run is not None, checkpoint_dir=checkpoint_dir,
-                                node_output=node_output, encrypt=encrypted, gpus_per_node=gpus_per_node)
+                                node_output=node_output, encrypt=encrypted, gpus_per_node=gpus_per_node,
+                                eviction_grace=eviction_grace)
         config = dataclasses.replace(config, roles=tuple(roles))  # gpus_per_node was sized for num_executors
         default_mode = InputMode.TENSORFLOW if input_mode is None else InputMode(input_mode)
         cluster = cls(spark, shape, backend_obj, config, default_mode, timeline, progress, address,

@@ -1,6 +1,8 @@
-"""Keras callbacks for main_fun (TF process): progress reporting to the driver and timeline spans.
+"""Keras callbacks for main_fun (TF process): progress reporting to the driver and timeline spans,
+and a save before a node of the cluster must go.
 
     model.fit(..., callbacks=[tfos.callbacks.progress(ctx)])
+    model.fit(..., callbacks=[backup, tfos.callbacks.save_before_eviction(ctx, backup)])
 
 Works with Keras 3 (``import keras``) and Keras 2 / tf_keras: pass ``keras_module`` (default:
 ``tf.keras``, which honours TF_USE_LEGACY_KERAS).
@@ -55,6 +57,30 @@ def progress(ctx, every_n_batches: int = 1, keras_module=None):
             ctx.report(**dict(_numbers(logs), step=self.step, epoch=epoch + 1))
 
     return TFOSProgress()
+
+
+def save_before_eviction(ctx, backup, keras_module=None):
+    """A callback that asks ``ctx.should_checkpoint`` after every batch, with the optimizer's step
+    count (the same on every rank), and when a node of the cluster must go saves there on every
+    rank and says ``ctx.checkpoint_saved(step)``; the cluster then goes on without that node from
+    this save (docs/elastic.md). ``backup``: the fit's ``tfos.keras_dist.BackupAndRestore`` (or
+    Keras' own ``BackupAndRestore``), whose backup is written then, or any ``save(step)`` callable.
+    Keras restores such a backup at the start of the epoch it was in: that epoch's batches before
+    the save are fed again, on the saved weights and optimizer step."""
+    if keras_module is None:
+        import keras as keras_module
+    save = backup if callable(backup) and not hasattr(backup, "_save_model") else (lambda step: backup._save_model())
+
+    class SaveBeforeEviction(keras_module.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            if ctx.should_checkpoint(step):
+                if hasattr(backup, "_last_batch_seen"):
+                    backup._last_batch_seen = batch
+                save(step)
+                ctx.checkpoint_saved(step)
+
+    return SaveBeforeEviction()
 
 
 def _numbers(logs) -> dict[str, float]:

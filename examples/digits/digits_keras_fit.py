@@ -10,6 +10,8 @@
 
 Each epoch is backed up in ctx.checkpoint_dir (``BackupAndRestore``); after a node failure with
 ``--max-restarts``, every node starts again and ``fit`` resumes at the epoch after the last backup.
+With Keras 3, a node told to go (an eviction notice) makes every rank back up at the same step
+first (``tfos.callbacks.save_before_eviction``), and ``fit`` resumes in that epoch.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ def main_fun(args, ctx):
                                               compression=args.compression)
         model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
+        backup = keras_dist.BackupAndRestore(backup_dir)
         model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0,
-                  callbacks=[keras_dist.BackupAndRestore(backup_dir), keras_dist.BroadcastInitialWeights(0),
+                  callbacks=[backup, keras_dist.BroadcastInitialWeights(0),
                              keras_dist.MetricAverageCallback(), callbacks.progress(ctx, keras_module=keras),
+                             callbacks.save_before_eviction(ctx, backup),  # a node told to go: save first
                              keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, _logs: epochs_run.append(e))])
     else:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"

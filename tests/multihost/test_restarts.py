@@ -2,13 +2,15 @@
 the hosts Spark still has, resuming from the checkpoint."""
 
 import json
+import os
+import signal
 import time
 
 from tfos import TFCluster
 from tfos.errors import TFOSError
 from tfos.testing import wait_for
 
-from restart_programs import checkpointed_steps, ps_checkpointed_steps
+from restart_programs import checkpointed_steps, evictable_steps, ps_checkpointed_steps
 from test_faults import FAST, _victim, _wait_steps
 
 
@@ -145,4 +147,45 @@ def test_a_host_lost_the_cluster_goes_on_smaller_then_grows_back(mh_sc, hosts, t
         if not cluster.lifecycle.ended:
             cluster._abort(TFOSError("the test ended"))
         if not back:
+            hosts.restart_worker(host)
+
+
+def test_a_node_told_to_go_every_rank_saves_at_one_step_and_no_step_is_lost(mh_sc, hosts, tmp_path, record_property):
+    """3 MWMS nodes whose program asks ctx.should_checkpoint; node 2's agent gets SIGTERM (an
+    eviction notice with eviction_grace), then its host dies as the platform's SIGKILL would.
+    Every rank checkpoints at the same step, none steps past it, and the cluster goes on with 2
+    nodes from that step (0 steps lost, no max_restarts used)."""
+    cluster = TFCluster.run(mh_sc, evictable_steps, {"steps": 300, "out": str(tmp_path)}, 3, 0,
+                            master_node="chief", min_executors=2, size_wait=5, grow_interval=None, max_restarts=0,
+                            restart_backoff=1, eviction_grace=30, checkpoint_dir=str(tmp_path / "ckpt"),
+                            reservation_timeout=600, **FAST)
+    node, host = _victim(cluster, hosts, index=2)
+    killed = False
+    try:
+        _wait_steps(cluster, at_least=40)
+        agent_pid = cluster.supervisor.registry.nodes[2].agent.agent_pid
+        t_notice = time.time()
+        os.kill(agent_pid, signal.SIGTERM)  # the notice: its TF process goes on until every rank saved
+        assert wait_for(lambda: cluster.evictions, 30), "the cluster did not save"
+        record_property("seconds_notice_to_saved", round(time.time() - t_notice, 1))
+        assert hosts.kill_host(host) > 0  # the platform's SIGKILL at the end of the grace
+        killed = True
+        cluster.shutdown(timeout=600)
+        (ev,) = cluster.evictions
+        assert ev.nodes == (2,) and ev.attempt == 0 and "termination signal" in ev.why, ev
+        saved = [json.loads((tmp_path / f"saved-a0-r{r}.json").read_text()) for r in range(3)]
+        assert saved == [[ev.step]] * 3, saved  # every rank, the same step, once
+        last = [int((tmp_path / f"last-a0-r{r}").read_text()) for r in range(3)]
+        assert last == [ev.step] * 3, (last, ev.step)  # no rank stepped past the save: nothing to lose
+        ranks = [json.loads((tmp_path / f"attempt-rank{r}.json").read_text()) for r in range(2)]
+        assert all(r["attempt"] == 1 and r["resumed_from"] == ev.step and r["steps"] == 300 for r in ranks), ranks
+        assert ranks[0]["weights"] == ranks[1]["weights"]
+        assert cluster.restarts == [] and len(cluster.roles) == 2
+        record_property("steps_lost", max(last) - ranks[0]["resumed_from"])
+        record_property("seconds_notice_to_first_step_on_2_nodes",
+                        round(min(r["first_step_time"] for r in ranks) - t_notice, 1))
+    finally:
+        if not cluster.lifecycle.ended:
+            cluster._abort(TFOSError("the test ended"))
+        if killed:
             hosts.restart_worker(host)

@@ -581,3 +581,18 @@ def test_gloo_splits_only_on_two_ranks(ranks, expected):
     from tfos.tf.gloo import max_pieces
 
     assert max_pieces(ranks) == expected
+
+
+@pytest.mark.parametrize("proposals, ranks, expected", [
+    ({}, [0, 1], -1),  # nobody proposed yet
+    ({0: 7}, [0, 1], -1),  # rank 1 still to propose
+    ({0: 7, 1: 8}, [0, 1], 8),  # the highest: each rank waits at its own, none is past it
+    ({0: 7, 1: 8, 2: 3}, [0, 1], 8),  # a rank that exited meanwhile no longer counts
+    ({0: 5, 1: 5, 2: 5}, [0, 1, 2], 5),
+    ({0: 0}, [0], 0),  # step 0 is a step
+    ({0: 4}, [], -1),  # no training rank runs: nothing to save
+])
+def test_save_target_table(proposals, ranks, expected):
+    from tfos.cluster.driver.lifecycle import save_target
+
+    assert save_target(proposals, ranks) == expected

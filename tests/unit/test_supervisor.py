@@ -9,6 +9,7 @@ import pytest
 from tfos import TFCluster
 from tfos.cluster.driver.lifecycle import Phase
 from tfos.errors import NodeFailedError, ReservationTimeoutError
+from tfos.testing import wait_for
 from tfos.testing.fake_spark import Does, FakeSpark
 from tfos.topology import InputMode
 
@@ -277,3 +278,38 @@ def test_grow_interval_none_never_grows():
     time.sleep(1.0)
     assert len(spark.started) == 2 and cluster.resizes == []
     cluster._abort(__import__("tfos").TFOSError("done"))
+
+
+def test_a_node_told_to_go_every_rank_saves_at_one_step_and_the_cluster_goes_on_without_it():
+    """3 nodes whose program asks ctx.should_checkpoint (the real SavePoint); node 2's agent is told
+    to go: every node saves at the same step, rank 0 says so, and the loop restarts on the 2 slots
+    Spark still offers once the evicted slot is gone (no max_restarts used); no node steps past
+    the save."""
+    spark = FakeSpark(3, lambda i, attempt: Does.SAVES if attempt == 0 else Does.FINISH)
+    cluster = TFCluster.reserve(spark, 3, min_executors=2, **dict(FAST, size_wait=0.2, grow_interval=None,
+                                                                  eviction_grace=20))
+    cluster.start(main_fun)
+    time.sleep(0.5)  # every node polls its save point by now
+    spark.evict(2, 0)
+    assert wait_for(lambda: cluster.evictions, 20), "no save"
+    spark.slots = 2  # the evicted executor goes
+    cluster.shutdown(timeout=60)
+    first = [n for n in spark.nodes if n.cluster.attempt == 0]
+    saved = [n.saved for n in first]
+    assert saved[0] and all(s == saved[0] for s in saved), saved  # the same step on every rank, once
+    assert all(n.steps == saved[0][0] for n in first), [n.steps for n in first]  # no step past the save
+    ev = cluster.evictions
+    assert [(e.nodes, e.step, e.attempt) for e in ev] == [((2,), saved[0][0], 0)], ev
+    assert cluster.restarts == [] and cluster.attempt == 1 and len(cluster.roles) == 2
+
+
+def test_an_eviction_notice_is_declined_when_a_rank_does_not_ask_should_checkpoint():
+    """Node 1's program never asks should_checkpoint: the notice is declined (nothing to wait for),
+    the agent stops at once, and the failure restarts the cluster as before."""
+    spark = FakeSpark(2, lambda i, attempt: (Does.SAVES if i == 0 else Does.HANG) if attempt == 0 else Does.FINISH)
+    cluster = TFCluster.reserve(spark, 2, max_restarts=1, **dict(FAST, eviction_grace=20))
+    cluster.start(main_fun)
+    time.sleep(0.5)
+    spark.evict(0, 0)
+    cluster.shutdown(timeout=60)
+    assert cluster.evictions == [] and [r.node_index for r in cluster.restarts] == [0], cluster.restarts

@@ -41,18 +41,25 @@ class Does(enum.Enum):
     STALL = "report progress once, then stay alive (heartbeats) without progress; answer stack requests"
     NEVER_REGISTER = "start its agent, never register a TF process"
     CHECKPOINTS = "run until the driver stops it; node 0 says ctx.checkpoint_saved(step) every 0.1 s"
+    SAVES = ("a step every 0.05 s, each followed by ctx.should_checkpoint(step) (the TF process's own SavePoint); "
+             "node 0 says ctx.checkpoint_saved(step) after each save; FakeSpark.evict(i) tells the driver that "
+             "node i must go, as its agent would")
 
 
 class FakeNode(threading.Thread):
     """One node's agent and TF process, as the driver sees them over the control channel."""
 
-    def __init__(self, cluster: M.ClusterConfig, index: int, does: Does, run_secs: float, cancelled: threading.Event):
+    def __init__(self, cluster: M.ClusterConfig, index: int, does: Does, run_secs: float, cancelled: threading.Event,
+                 evict: threading.Event | None = None):
         super().__init__(name=f"fake-node-{index}-{cluster.attempt}", daemon=True)
         self.cluster = cluster
         self.index = index
         self.does = does
         self.run_secs = run_secs
         self.cancelled = cancelled
+        self.evict = evict or threading.Event()  # set: this node's agent was told to go
+        self.saved: list[int] = []  # the steps this node saved at (Does.SAVES)
+        self.steps = 0  # the steps it made (Does.SAVES)
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -95,6 +102,8 @@ class FakeNode(threading.Thread):
                     return -15, "", True, True
                 if self.index == 0:
                     client.checkpoint_saved(step)
+        if self.does is Does.SAVES:
+            return self._saves(client, long)
         end = time.monotonic() + (long if self.does in (Does.HANG, Does.STALL) else self.run_secs)
         if stop or self._heartbeat_until(client, end):
             return -15, "", True, True
@@ -103,6 +112,48 @@ class FakeNode(threading.Thread):
         kind = "RuntimeError" if self.does is Does.RAISE else "tfos.errors.NonRetryable"
         return (1, f"Traceback (most recent call last):\n{kind}: node {self.index} failed on purpose",
                 self.does is not Does.NON_RETRYABLE, False)
+
+    def _saves(self, client: DriverClient, long: float):
+        """Does.SAVES: the program's steps on the main thread, the agent's heartbeats and its
+        eviction notice on another (a saving node waits in should_checkpoint, as a real one does)."""
+        from tfos.cluster.node.saving import SavePoint
+
+        c = self.cluster
+        stopped, declined = threading.Event(), threading.Event()
+        point = SavePoint(DriverClient(c.driver_host, c.driver_port, c.key, c.cluster_id, self.index),
+                          c.eviction_grace)
+
+        def agent():
+            told = False
+            while not stopped.is_set():
+                if self._heartbeat_until(client, time.monotonic() + 0.05):
+                    stopped.set()
+                    point.close()  # the process ends: a wait in should_checkpoint with it
+                    return
+                if self.evict.is_set() and not told:
+                    told = True
+                    if not client.eviction_notice(c.eviction_grace, f"fake node {self.index} was told to go"):
+                        declined.set()  # the agent stops its TF process at once: a failure
+                        stopped.set()
+                        point.close()
+
+        beats = threading.Thread(target=agent, name=f"fake-agent-{self.index}", daemon=True)
+        beats.start()
+        end = time.monotonic() + long
+        try:
+            while not stopped.is_set() and time.monotonic() < end:
+                time.sleep(0.05)
+                self.steps += 1
+                if point.check(self.steps):
+                    self.saved.append(self.steps)
+                    if self.index == 0:
+                        client.checkpoint_saved(self.steps)
+                    point.after_save(self.steps)  # ctx.checkpoint_saved on every rank
+        finally:
+            point.close()
+        stopped.set()
+        beats.join()
+        return -15, "", True, not declined.is_set()
 
     def _heartbeat_until(self, client: DriverClient, end: float) -> bool:
         """Heartbeat until ``end``; True when the driver (or a cancelled stage) asks to stop first."""
@@ -145,12 +196,19 @@ class FakeSpark:
         self.behaviour = behaviour or (lambda index, attempt: Does.FINISH)
         self.run_secs = run_secs
         self.started: list[tuple[int, int]] = []  # (node index, attempt) of every node started
+        self.nodes: list[FakeNode] = []  # every node started
+        self._evict: dict[tuple[int, int], threading.Event] = {}  # (node index, attempt) -> told to go
         self._lock = threading.Lock()
         self._jobs: dict[int, str] = {}  # thread id -> job group
         self._cancel: dict[str, threading.Event] = {}
 
     def conf(self) -> dict:
         return {}
+
+    def evict(self, index: int, attempt: int) -> None:
+        """Node ``index`` of ``attempt`` is told to go (its agent sends an eviction notice)."""
+        with self._lock:
+            self._evict.setdefault((index, attempt), threading.Event()).set()
 
     def wait_for_slots(self, num_executors: int, timeout: float) -> int:
         if num_executors > self.slots:
@@ -192,9 +250,13 @@ class FakeSpark:
             with self._lock:
                 cancelled = self._cancel.setdefault(self._jobs.get(threading.get_ident(), ""), threading.Event())
             secs = self.run_secs if callable(self.run_secs) else (lambda i: self.run_secs)
-            nodes = [FakeNode(cluster, i, self.behaviour(i, cluster.attempt), secs(i), cancelled) for i in range(n)]
+            with self._lock:
+                evict = [self._evict.setdefault((i, cluster.attempt), threading.Event()) for i in range(n)]
+            nodes = [FakeNode(cluster, i, self.behaviour(i, cluster.attempt), secs(i), cancelled, evict[i])
+                     for i in range(n)]
             with self._lock:
                 self.started += [(i, cluster.attempt) for i in range(n)]
+                self.nodes += nodes
             for node in nodes:
                 node.start()
             if cluster.input_mode != InputMode.TENSORFLOW:

@@ -117,6 +117,13 @@ class DriverClient:
     def checkpoint_saved(self, step: int) -> None:
         self._request(M.CheckpointSaved(self.cluster_id, self.node_index, step))
 
+    def save_poll(self, step: int, round_: int, proposal: int, target: int, wait: float = 10.0) -> M.SaveReply:
+        """This rank's step (and its proposal for save round ``round_``); the driver answers when its
+        save round or target differs from ``round_``/``target``, or after ``wait`` s (at most 10)."""
+        wait = min(max(wait, 0.0), 10.0)
+        return self._request(M.SavePoll(self.cluster_id, self.node_index, int(step), round_, int(proposal), target,
+                                        wait), timeout=wait + 30.0)
+
     def send_result(self, tree) -> None:
         """``tree``: a value as :func:`tfos.wire.values.encode` made it."""
         self._request(M.NodeResult(self.cluster_id, self.node_index, tree))
@@ -171,6 +178,11 @@ class DriverClient:
     def heartbeat_reply(self, timeout: float = 5.0) -> M.HeartbeatReply:
         """The driver's answer: whether to stop, and whether it wants the TF process's stacks."""
         return self._request(M.Heartbeat(self.cluster_id, self.node_index), timeout=timeout)
+
+    def eviction_notice(self, grace: float, why: str) -> bool:
+        """This node must go within ``grace`` s; True when the cluster saves first (wait for the stop)."""
+        return self._request(M.EvictionNotice(self.cluster_id, self.node_index, float(grace), why),
+                             timeout=min(max(grace, 1.0), 5.0)).save
 
     def node_stacks(self, request: int, stacks: str, log_tail: str) -> None:
         self._request(M.NodeStacks(self.cluster_id, self.node_index, request, stacks, log_tail), timeout=10.0)

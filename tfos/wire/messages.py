@@ -101,6 +101,7 @@ class ClusterConfig:
     node_output: str = "chief"  # whose printed lines reach the driver's console: chief (rank 0), all, none
     versions: dict[str, str] = field(default_factory=dict)  # the driver's tfos and TensorFlow (executors compare)
     gpus_per_node: tuple[int, ...] = ()  # by node index: how many of its task's GPUs it uses (-1 or absent: all)
+    eviction_grace: float = 30.0  # a node agent told to go saves first, up to this long (0: it stops at once)
 
 
 @message
@@ -262,6 +263,44 @@ class CheckpointSaved:  # TF process -> driver: ctx.checkpoint_saved(step): a sa
     cluster_id: str
     node_index: int
     step: int = -1  # the program's step or epoch, -1 when it gave none
+
+
+@message
+class EvictionNotice:
+    """Agent -> driver: this node must go within ``grace`` seconds (a termination signal, its
+    executor ending); answered with an EvictionReply: whether the cluster saves first."""
+
+    cluster_id: str
+    node_index: int
+    grace: float
+    why: str
+
+
+@message
+class EvictionReply:
+    save: bool  # the training ranks checkpoint at one step first: the agent waits for the driver's stop
+
+
+@message
+class SavePoll:
+    """TF process -> driver (``ctx.should_checkpoint``): this rank's last ``step``, and for save
+    round ``round`` its ``proposal`` (-1: none yet), the step it waits at until the round's target is
+    known. Answered when the round or its target differs from ``round``/``target``, or after
+    ``wait`` seconds (at most 10)."""
+
+    cluster_id: str
+    node_index: int
+    step: int
+    round: int = 0
+    proposal: int = -1
+    target: int = -1
+    wait: float = 10.0
+
+
+@message
+class SaveReply:
+    round: int  # the save round open now (0: none): every training rank checkpoints at one step
+    target: int = -1  # that step, once every rank proposed one (-1: not yet)
 
 
 @message

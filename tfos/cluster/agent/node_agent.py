@@ -199,22 +199,32 @@ class NodeAgent:
         process ended on its own or the driver asked)."""
         c = self.cfg.cluster
         last_contact = time.monotonic()
+        evicted: tuple[float, Cause, str] | None = None  # told to go, saving first: (until when, cause, why)
         while True:
             self.wake.clear()
             if self.proc.poll() is not None:
                 return Cause.EXITED, ""
-            if self.stop_event.is_set():
-                logger.warning("node agent received a termination signal; stopping the TF process")
-                return Cause.EVICTED, "the node agent received a termination signal"
+            if self.stop_event.is_set() and evicted is None:
+                evicted = self.told_to_go(Cause.EVICTED, "the node agent received a termination signal")
+                if evicted is None:
+                    return Cause.EVICTED, "the node agent received a termination signal"
+            if evicted is not None and time.monotonic() >= evicted[0]:
+                logger.error("the cluster did not save within eviction_grace (%.0fs); stopping the TF process",
+                             c.eviction_grace)
+                return evicted[1], f"{evicted[2]}; the cluster did not save within eviction_grace " \
+                                   f"({c.eviction_grace:.0f}s)"
             ended = self.tunnel.exit_code() if self.tunnel is not None else None
             if ended is not None:
                 logger.error("the node's tunnel exited with code %s; stopping the TF process", ended)
                 return Cause.TUNNEL_LOST, f"the node's tunnel exited with code {ended} (TF and Gloo lost their network; see " \
                        f"{os.path.join(self.cfg.node_dir, 'tunnel.log')})"
             jvm = self.cfg.jvm_pid
-            if jvm and not processes.alive(jvm):
-                logger.error("executor JVM %d is gone; stopping the TF process", jvm)
-                return Cause.EXECUTOR_LOST, f"the executor JVM (pid {jvm}) is gone"
+            if jvm and evicted is None and not processes.alive(jvm):
+                why = f"the executor JVM (pid {jvm}) is gone"
+                evicted = self.told_to_go(Cause.EXECUTOR_LOST, why)
+                if evicted is None:
+                    logger.error("executor JVM %d is gone; stopping the TF process", jvm)
+                    return Cause.EXECUTOR_LOST, why
             try:
                 reply = self.beats.heartbeat_reply(timeout=5.0)
                 last_contact = time.monotonic()
@@ -230,6 +240,24 @@ class NodeAgent:
                     logger.error("lost the driver for %.0fs (%s); stopping the TF process", c.heartbeat_timeout, e)
                     return Cause.DRIVER_LOST, f"no contact with the driver for {c.heartbeat_timeout:.0f}s"
             self.wake.wait(c.heartbeat_interval)
+
+    def told_to_go(self, cause: Cause, why: str) -> "tuple[float, Cause, str] | None":
+        """This node must go (``why``): tell the driver. When the cluster saves first (every training
+        rank checkpoints at one step, ``ctx.should_checkpoint``), the TF process runs on until the
+        driver stops it or ``eviction_grace`` passes: returns (until when, cause, why); else None
+        (stop it now)."""
+        grace = self.cfg.cluster.eviction_grace
+        if grace <= 0:
+            return None
+        try:
+            save = self.driver.eviction_notice(grace, why)
+        except (TFOSError, OSError) as e:
+            logger.warning("could not tell the driver that this node must go: %s", e)
+            return None
+        if not save:
+            return None
+        logger.warning("%s: the cluster saves first (up to %.0fs, eviction_grace)", why, grace)
+        return time.monotonic() + grace, cause, why
 
     def send_stacks(self, request: int) -> None:
         """Have the TF process write every thread's stack (STACKS_SIGNAL) and send them to the driver

@@ -116,6 +116,19 @@ class Resize:
     step: int  # ctx.checkpoint_saved(step): -1 when the program gave none
 
 
+@dataclasses.dataclass(frozen=True)
+class Eviction:
+    """Nodes told to go (``cluster.evictions``) after which every training rank checkpointed at
+    ``step`` (``ctx.should_checkpoint``) and the cluster went on without them by a planned restart."""
+
+    time: float  # wall-clock seconds (time.time()) when the driver acted on it
+    attempt: int  # the attempt that was stopped
+    nodes: tuple[int, ...]  # the nodes told to go
+    hosts: tuple[str, ...]
+    step: int  # every training rank's checkpoint
+    why: str  # the first node's notice, in words
+
+
 class Action(enum.Enum):
     RESTART = "restart every node"
     LOSE_NODE = "go on without the node"
@@ -194,6 +207,16 @@ MEMORY_KILL = re.compile(r"exceeding (physical |virtual )?memory|beyond the '?(p
                          r"OOMKilled|exit code 137", re.I)
 MEMORY_HINT = ("The node's TF process is a child of the Spark executor, so its memory counts against the "
                "executor's container: raise spark.executor.memoryOverhead (or set spark.executor.pyspark.memory)")
+
+
+def save_target(proposals: dict[int, int], ranks) -> int:
+    """Pure: the step every training rank checkpoints at before an eviction: the highest of their
+    proposals (each rank waits at its own until it learns the target, so none is past it), once
+    every rank of ``ranks`` (the training ranks still running) gave one; -1 before."""
+    ranks = list(ranks)
+    if not ranks or any(r not in proposals for r in ranks):
+        return -1
+    return max(proposals[r] for r in ranks)
 
 
 def failure_cause(exit_code: int, raised: bool, agent_cause: Cause) -> Cause:

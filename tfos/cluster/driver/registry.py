@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from tfos import topology
 from tfos.cluster.driver.lifecycle import agent_lost, exit_reason, failure_cause, shows_progress
+from tfos.cluster.driver.evictions import SaveRounds
 from tfos.cluster.driver.rendezvous import RendezvousStore
 from tfos.errors import Cause, NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
 from tfos.wire import messages as M
@@ -94,6 +95,7 @@ class NodeRegistry:
         self.stack_request = 0  # the latest request for every TF process's stacks (0: none yet)
         self.gathers: dict[str, dict[int, int]] = {}  # all-gather key -> {training rank: value}
         self.store = RendezvousStore()  # Gloo's rendezvous (tfos.tf.gloo.DriverStore); emptied per attempt
+        self.saves = SaveRounds(self)  # saving before an eviction (ctx.should_checkpoint); its own lock
 
     # -- waiting and reading, for every other module
     def wait_until(self, predicate, timeout: float | None, what: str = "", setting: str | None = None,
@@ -237,6 +239,7 @@ class NodeRegistry:
             self.results = {}
             self.checkpoint = None
             self.store.clear()
+            self.saves.new_attempt()  # its lock after this one: it never takes this one under its own
             self.cond.notify_all()
         return True
 

@@ -34,6 +34,8 @@ class ControlService:
             M.LogModel: registry.on_log_model,
             M.NodeResult: registry.on_node_result,
             M.CheckpointSaved: registry.on_checkpoint_saved,
+            M.EvictionNotice: registry.saves.on_notice,
+            M.SavePoll: registry.saves.on_poll,
             M.GetNodeFailure: registry.on_get_node_failure,
             M.StoreSet: registry.on_store_set,
             M.StoreGet: registry.on_store_get,

@@ -134,7 +134,7 @@ def cluster_config(address, roles, *, reservation_timeout, log_dir, default_fs, 
                    release_port=True, preimport_tensorflow=True, heartbeat_interval=1.0, heartbeat_timeout=30.0,
                    stop_grace_secs=5.0, timeline=False, report_interval=1.0, metric_history=False,
                    checkpoint_dir=None, node_output="chief", encrypt: bool = False,
-                   gpus_per_node=None) -> M.ClusterConfig:
+                   gpus_per_node=None, eviction_grace=30.0) -> M.ClusterConfig:
     """The new cluster's configuration from reserve()'s arguments (by keyword): a fresh id and
     secret (its channels encrypted when ``encrypt``), durations checked (:func:`seconds`),
     ``checkpoint_dir`` defaulting to ``<log_dir>/checkpoint``."""
@@ -151,7 +151,8 @@ def cluster_config(address, roles, *, reservation_timeout, log_dir, default_fs, 
         timeline=bool(timeline), report_interval=seconds("report_interval", report_interval),
         metric_history=bool(metric_history),
         checkpoint_dir=checkpoint_dir or log_dir.rstrip("/") + "/checkpoint", node_output=output_setting(node_output),
-        versions=local_versions(), gpus_per_node=gpus_per_node_setting(gpus_per_node, len(roles)))
+        versions=local_versions(), gpus_per_node=gpus_per_node_setting(gpus_per_node, len(roles)),
+        eviction_grace=seconds("eviction_grace", eviction_grace, allow_zero=True))
 
 
 def gpus_per_node_setting(value, num_nodes: int) -> tuple[int, ...]:

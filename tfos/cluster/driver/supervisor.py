@@ -32,8 +32,8 @@ from tfos import topology
 from tfos.cluster.driver import security
 from tfos.cluster.driver import spark as S
 from tfos.cluster.driver import stall
-from tfos.cluster.driver.lifecycle import (Action, ClusterView, Lifecycle, NodeLoss, Phase, Resize, Restart, decide,
-                                          disconnect_grace, explain_executor_loss, first_cause_first, grow_to)
+from tfos.cluster.driver.lifecycle import (Action, ClusterView, Eviction, Lifecycle, NodeLoss, Phase, Resize, Restart,
+                                          decide, disconnect_grace, explain_executor_loss, first_cause_first, grow_to)
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.settings import ClusterShape, RestartSettings, Supervision, size_to_start
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
@@ -77,6 +77,8 @@ class Supervisor:
         self.restarts: list[Restart] = []  # each failure that restarted the cluster
         self.lost_nodes: list[NodeLoss] = []  # each node lost while the others went on (backend='ps' workers)
         self.resizes: list[Resize] = []  # each planned restart at another size (growing back)
+        self.evictions: list[Eviction] = []  # each save before nodes went, and the restart without them
+        self._evicted: tuple[float, int | None] | None = None  # after one: (until when, slots left) to wait for
         self._failed_before: list = []  # NodeFailures of the attempts that were restarted
         self._main = None  # (main_fun, tf_args, node_hooks), kept for restarts
         self._attempt_started = time.time()  # when this attempt's barrier stage was submitted
@@ -190,7 +192,7 @@ class Supervisor:
         self.registry.check_heartbeats(c.heartbeat_timeout, disconnect_grace(c.heartbeat_interval,
                                                                              c.heartbeat_timeout))
         if self._restart_due is not None:
-            if time.monotonic() >= self._restart_due:
+            if time.monotonic() >= self._restart_due and self._evicted_gone():
                 self._next_attempt()
             return
         snap = self.registry.snapshot()
@@ -203,6 +205,7 @@ class Supervisor:
             self._watch_start(snap)
         else:
             self._check_stall()
+            self._save_before_eviction()
             self._maybe_grow()
 
     def _maybe_grow(self) -> None:
@@ -235,6 +238,47 @@ class Supervisor:
             logger.warning("tfos cluster %s: growing from %d to %d nodes after rank 0's checkpoint at step %d",
                            self.cluster_id, size, target, saved[1])
             self._stop_attempt([])
+
+    def _save_before_eviction(self) -> None:
+        """Nodes told to go (an EvictionNotice, :mod:`evictions`): once every training rank
+        checkpointed at the save round's target and rank 0 said so (``ctx.checkpoint_saved``), go on
+        without them by a planned restart (no ``max_restarts`` used) once Spark no longer offers
+        their slots (up to their grace and EXPLAIN_WAIT_SECS more)."""
+        saves = self.registry.saves
+        with self._cv:
+            resumable = self.input_mode == InputMode.TENSORFLOW or self._wanting > 0
+        saves.allowed = resumable and self.lifecycle.phase in (Phase.RUNNING, Phase.SHUTTING_DOWN)
+        state = saves.state()
+        if not state.open:
+            return
+        target = saves.settle()
+        saved = self.registry.checkpoint
+        if target < 0 or saved is None or saved[0] < state.opened_at or saved[1] < target:
+            return
+        nodes = tuple(sorted(state.evicting))
+        hosts = tuple(self.registry.host_of(i) for i in nodes)
+        why = state.evicting[nodes[0]][1]
+        self.evictions.append(Eviction(time.time(), self.config.attempt, nodes, hosts, saved[1], why))
+        offered = self.spark.slots_offered()
+        until = max(deadline for deadline, _ in state.evicting.values()) + EXPLAIN_WAIT_SECS
+        self._evicted = (until, None if offered is None else offered - len(nodes))
+        logger.warning("tfos cluster %s: every rank saved at step %d before node(s) %s on %s go (%s); the cluster "
+                       "goes on without them", self.cluster_id, saved[1], ", ".join(map(str, nodes)),
+                       ", ".join(hosts), why)
+        self._stop_attempt([])
+
+    def _evicted_gone(self) -> bool:
+        """After a save before an eviction: Spark no longer offers the evicted nodes' slots, or
+        their grace (and EXPLAIN_WAIT_SECS) passed; True at once after any other stop."""
+        if self._evicted is None:
+            return True
+        until, left = self._evicted
+        if left is not None and time.monotonic() < until:
+            offered = self.spark.slots_offered()
+            if offered is not None and offered > left:
+                return False
+        self._evicted = None
+        return True
 
     def _start_timed_out(self, snap) -> None:
         c = self.config

@@ -29,6 +29,8 @@ class NodeContext:
     def __init__(self, cfg: NodeConfig, nodes: tuple[NodeInfo, ...], held_port: socket.socket | None,
                  hub=None, hooks=None, reporter=None, spec_nodes: tuple[NodeInfo, ...] | None = None):
         self._hooks = hooks
+        self._cfg = cfg
+        self._save_point = None  # ctx.should_checkpoint's place in the driver's save rounds (its first call)
         self._strategy = None
         self._held_port = held_port
         self.reporter = reporter
@@ -132,11 +134,32 @@ class NodeContext:
         """Tell the driver that this rank just wrote a checkpoint (at ``step``, the program's step or
         epoch): a safe point. A cluster running smaller than ``num_executors`` grows back there when
         Spark offers more slots (a planned restart from that checkpoint; docs/elastic.md). Rank 0's
-        call counts; cheap enough to call after every save."""
-        if self.rank != 0:
-            return
-        self.reporter.flush()
-        self.reporter.driver.checkpoint_saved(-1 if step is None else int(step))
+        call counts; cheap enough to call after every save. After a save that
+        ``should_checkpoint`` asked for (a node must go), every rank's call waits here for the
+        restart from it (at most ``eviction_grace``), so no step is done that the checkpoint lacks."""
+        if self.rank == 0:
+            self.reporter.flush()
+            self.reporter.driver.checkpoint_saved(-1 if step is None else int(step))
+        if self._save_point is not None and step is not None:
+            self._save_point.after_save(step)
+
+    def should_checkpoint(self, step: int) -> bool:
+        """Call on every training rank after each step with the steps done so far (the count
+        ``ctx.checkpoint_saved`` gets): True on every rank at the same step when a node of the
+        cluster must go (an eviction notice, docs/elastic.md). Then save a checkpoint (on every rank,
+        as the backend saves) and, on rank 0, call ``ctx.checkpoint_saved(step)``: the cluster goes
+        on without that node from this checkpoint, and the next call waits for that restart, so no
+        step is lost. While a save is being agreed on a call may wait (at most ``eviction_grace``)
+        for the step every rank checkpoints at. Cheap otherwise: a lock and a comparison."""
+        if self._save_point is None:
+            if self.rank is None:
+                raise ConfigError(f"should_checkpoint is for the training ranks (chief and workers), not "
+                                  f"{self.job_name}")
+            from tfos.cluster.node.saving import SavePoint
+            from tfos.wire.clients import DriverClient
+
+            self._save_point = SavePoint(DriverClient.for_node(self._cfg), self._cfg.cluster.eviction_grace)
+        return self._save_point.check(step)
 
     def send_result(self, value) -> None:
         """Hand ``value`` to the driver as this node's result (``cluster.results``; TFDistributor

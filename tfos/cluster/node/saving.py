@@ -1,0 +1,126 @@
+"""A training rank's side of saving before an eviction (runs in the TF process): behind
+``ctx.should_checkpoint(step)``.
+
+When a node is told to go (docs/elastic.md), the driver opens a *save round*. A thread of each
+rank hears of it by a long poll, and proposes the step after the last one its program finished;
+from then on the program's next ``should_checkpoint`` waits at that step until the driver knows
+every rank's proposal and names the highest as the round's target. No rank is past its own
+proposal, so every rank reaches the target: there ``should_checkpoint`` is True on every rank at
+the same step, the program saves and says ``ctx.checkpoint_saved(step)`` (rank 0's tells the
+driver), which then waits for the driver's stop (as does a later ``should_checkpoint``), so no
+step is done that the checkpoint lacks.
+
+The poll thread starts at the first ``should_checkpoint`` call: a program that never calls it
+costs nothing, and the driver then knows not to wait for a save.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from tfos.errors import TFOSError
+
+logger = logging.getLogger(__name__)
+
+#: how long one poll waits on the driver for news (a round opens, its target is known)
+POLL_WAIT = 10.0
+#: how long a poll that failed waits before the next try
+RETRY_SECS = 1.0
+
+
+class SavePoint:
+    """This rank's place in the driver's save rounds (``ctx.should_checkpoint``)."""
+
+    def __init__(self, client, grace: float):
+        self._client = client  # a DriverClient of its own (the poll thread holds it between calls)
+        self._grace = grace  # eviction_grace: how long a rank waits at its proposal or after a save
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.last = -1  # the last step the program finished (should_checkpoint's argument)
+        self.round = 0  # the save round heard of (0: none)
+        self.proposal = -1  # this rank's proposal for it
+        self.target = -1  # the round's target, once the driver knows it
+        self.saved_round = 0  # the round whose target this rank reached (it saved there)
+
+    def check(self, step: int) -> bool:
+        """``ctx.should_checkpoint(step)``: True when every rank checkpoints at ``step`` now."""
+        step = int(step)
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._poll, name="tfos-save-poll", daemon=True)
+                self._thread.start()
+            self.last = step
+            if self.saved_round and self.saved_round == self.round:
+                self._wait_for_stop(step)  # saved for an eviction: the driver stops this process
+                return False
+            if self.round and self.target < 0 and 0 <= self.proposal <= step:
+                self._wait_for_target(step)
+            if self.round and self.target >= 0 and step >= self.target:
+                if step > self.target:  # cannot be (the target is every rank's highest proposal): say so
+                    logger.error("tfos: step %d is past the save round's target %d; saving now", step, self.target)
+                self.saved_round = self.round
+                logger.warning("tfos: checkpoint at step %d before a node of the cluster goes (save round %d)",
+                               step, self.round)
+                return True
+            return False
+
+    def after_save(self, step: int) -> None:
+        """``ctx.checkpoint_saved(step)``: after a save for an eviction, wait for the driver's stop
+        here, before the program starts a step that the checkpoint would lack."""
+        with self._cond:
+            if self.saved_round and self.saved_round == self.round:
+                self._wait_for_stop(int(step))
+
+    def _wait_for_target(self, step: int) -> None:
+        deadline = time.monotonic() + self._grace
+        while self.round and self.target < 0 and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.warning("tfos: the save round's target did not come within %.0f s (eviction_grace); "
+                               "going on from step %d", self._grace, step)
+                return
+            self._cond.wait(min(left, 1.0))
+
+    def _wait_for_stop(self, step: int) -> None:
+        """After a save for an eviction the cluster restarts from it: a step done now would be lost.
+        Wait (up to the grace) for the driver's stop; the round ending without one goes on."""
+        deadline = time.monotonic() + self._grace
+        saved = self.saved_round
+        while self.round == saved and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.warning("tfos: the cluster did not restart within %.0f s after the save at step %d; going on",
+                               self._grace, step)
+                self.saved_round = 0
+                return
+            self._cond.wait(min(left, 1.0))
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                step, rnd, proposal, target = self.last, self.round, self.proposal, self.target
+            try:
+                reply = self._client.save_poll(step, rnd, proposal, target, POLL_WAIT)
+            except (TFOSError, OSError) as e:  # the driver restarts or ends the cluster: this process goes
+                logger.debug("save poll failed: %s", e)
+                if self._stop.wait(RETRY_SECS):
+                    return
+                continue
+            with self._cond:
+                if reply.round != self.round:  # a new round (or none any more): propose the next step
+                    self.round, self.target = reply.round, -1
+                    self.proposal = self.last + 1 if reply.round else -1
+                    if reply.round:
+                        logger.warning("tfos: a node of the cluster must go: this rank proposes to checkpoint at "
+                                       "step %d (save round %d)", self.proposal, reply.round)
+                if reply.round and reply.target >= 0:
+                    self.target = reply.target
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()

@@ -225,35 +225,42 @@ def test_keras_fit_killed_mid_training_resumes_at_the_epoch_after_its_backup(tfo
         np.testing.assert_array_equal(w0[k], w1[k])
 
 
-def test_keras_fit_told_to_go_saves_at_one_step_and_resumes_in_that_epoch(tfos_cluster, tmp_path):
-    """Keras 3 fit through tfos.keras_dist with tfos.callbacks.save_before_eviction: node 1's agent
-    gets SIGTERM mid-training (an eviction notice), rank 0 backs up at the step every rank agreed
-    on, then node 1's executor goes as the platform would end it; the cluster restarts without
-    using max_restarts and fit resumes in the epoch of that backup, replicas identical."""
+@pytest.mark.parametrize("notice", ["sigterm", "executor_ends"])
+def test_keras_fit_told_to_go_saves_at_one_step_and_resumes_in_that_epoch(tfos_cluster, tmp_path, notice):
+    """Keras 3 fit through tfos.keras_dist with tfos.callbacks.save_before_eviction: node 1 is told
+    to go mid-training (SIGTERM to its agent, then its executor goes as the platform would end it;
+    or its executor JVM just ends, as after Spark's decommission), rank 0 backs up at the step every
+    rank agreed on, the cluster restarts without using max_restarts and fit resumes in the epoch
+    of that backup, replicas identical."""
     import psutil
 
     import digits_keras_fit
     import digits_tf
 
-    epochs = 8
+    epochs = 40  # about 6 s of fit: the agent sees its JVM end at its next heartbeat_interval check
     args = SimpleNamespace(keras="3", epochs=epochs, batch_size=32, learning_rate=0.01, compression=None,
                            data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "out"))
     os.makedirs(args.output_dir)
     args.rows_per_rank = digits_tf.prepare_shards(args.data_dir)["train_rows"] // 2 - 40
     per_epoch = args.rows_per_rank // args.batch_size
     cluster = tfos_cluster(2, 0, max_restarts=0, restart_backoff=1, stop_grace_secs=2, report_interval=0.2,
-                           checkpoint_dir=str(tmp_path / "ckpt"), eviction_grace=60, reservation_timeout=180)
+                           checkpoint_dir=str(tmp_path / "ckpt"), eviction_grace=60, reservation_timeout=180,
+                           heartbeat_interval=0.5)
     cluster.start(digits_keras_fit.main_fun, args)
     assert wait_for(lambda: min(m.get("epoch", 0) for m in cluster.metrics().values()) >= 2, 600, interval=0.05)
     agent = psutil.Process(cluster.registry.nodes[1].agent.agent_pid)
     jvm = next(p for p in agent.parents() if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline()))
-    agent.send_signal(signal.SIGTERM)
-    assert wait_for(lambda: cluster.evictions, 60), "no save"
-    jvm.kill()  # the platform ends the executor after the notice
+    if notice == "sigterm":
+        agent.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: cluster.evictions, 60), "no save"
+        jvm.kill()  # the platform ends the executor after the notice
+    else:
+        jvm.kill()  # the agent (its own session) outlives it: the notice
     cluster.shutdown(timeout=900)
 
     (ev,) = cluster.evictions
-    assert ev.nodes == (1,) and ev.step >= 2 * per_epoch, (ev, per_epoch)
+    why = "termination signal" if notice == "sigterm" else "executor JVM"
+    assert ev.nodes == (1,) and ev.step >= 2 * per_epoch and why in ev.why, (ev, per_epoch)
     assert cluster.attempt == 1 and cluster.restarts == [], cluster.restarts
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert result["attempt"] == 1 and result["epochs_run"] == list(range((ev.step - 1) // per_epoch, epochs)), (result, ev)

@@ -8,9 +8,16 @@ new attempt runs on the two other hosts; the host comes back between runs. With 
 good, the restart runs on the 2 hosts left: SIGKILL -> first step on 2 nodes, against a fresh start
 of a 2-node cluster (reserve -> first step) in the same run; then the host comes back and the
 cluster grows to 3 at rank 0's next ctx.checkpoint_saved: Spark offering the third slot -> first
-step on 3 nodes, against the same run's fresh 3-node start (grow_interval=1 s).
+step on 3 nodes, against the same run's fresh 3-node start (grow_interval=1 s). With ``--evict``
+(multi-host harness): 3 nodes checkpointing every 100 steps, ``min_executors=2``; at step 150 a
+node's agent gets SIGTERM (an eviction notice) and its host is killed as the platform would. Ours:
+the program asks ``ctx.should_checkpoint``, every rank saves at one step, the cluster goes on with
+2 nodes from it; the reference, in the same run: the same notice without the save
+(``eviction_grace=0``), a restart from the last periodic checkpoint. Steps lost (the highest step
+any rank finished before the stop, minus the step the next attempt resumed from) and notice ->
+first step on 2 nodes, for both.
 
-    python bench/restart.py [--runs 3] [--multihost | --shrink]
+    python bench/restart.py [--runs 3] [--multihost | --shrink | --evict]
 """
 
 from __future__ import annotations
@@ -60,6 +67,89 @@ def main_fun(args, ctx):
             ctx.report(step=i)
             ctx.checkpoint_saved(i)  # (no checkpoint is written: the signal is what a resize waits for)
         time.sleep(0.01)
+
+
+def evict_main(args, ctx):
+    """MWMS steps, checkpointed every ``args['every']`` steps and when ctx.should_checkpoint says so
+    (``args['ask']``), resumed from ctx.checkpoint_dir; each rank records its last finished step."""
+    import tempfile
+
+    import tensorflow as tf
+
+    strategy = ctx.strategy()
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+        opt = keras.optimizers.SGD(0.01)
+        opt.build(model.trainable_variables)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    manager = tf.train.CheckpointManager(ckpt, ctx.checkpoint_dir if ctx.is_chief else tempfile.mkdtemp(), 2)
+    latest = tf.train.latest_checkpoint(ctx.checkpoint_dir)
+    if latest:
+        ckpt.restore(latest)
+    resumed = int(opt.iterations.numpy())
+
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        strategy.run(replica, args=(x, y))
+
+    x, y = tf.random.uniform((32, 64)), tf.zeros((32,), tf.int64)
+    last = os.path.join(args["out"], f"last-a{ctx.attempt}-r{ctx.rank}")
+    first = None
+    while True:
+        step(x, y)
+        i = int(opt.iterations.numpy())
+        with open(last, "w") as f:
+            f.write(str(i))
+        if first is None:
+            first = time.time()
+            ctx.report(first_step_time=first, attempt=ctx.attempt, resumed_from=resumed)
+        ctx.report(step=i)
+        if i % args["every"] == 0 or (args["ask"] and ctx.should_checkpoint(i)):
+            manager.save(checkpoint_number=i)
+            ctx.checkpoint_saved(i)
+        time.sleep(0.01)
+
+
+def one_eviction(sc, hosts, save: bool, out: str):
+    """One eviction of node 2 at step 150: (steps lost, notice -> first step on 2 nodes in s)."""
+    import glob
+    import tempfile
+
+    from tfos import InputMode, TFCluster, TFOSError
+
+    d = tempfile.mkdtemp(dir=out)
+    cluster = TFCluster.run(sc, evict_main, {"out": d, "every": 100, "ask": save}, 3, 0,
+                            input_mode=InputMode.TENSORFLOW, master_node="chief", min_executors=2, size_wait=5,
+                            grow_interval=None, max_restarts=0 if save else 1, restart_backoff=0,
+                            eviction_grace=30 if save else 0, stop_grace_secs=2, report_interval=0.2,
+                            progress=False, heartbeat_timeout=10, reservation_timeout=180,
+                            checkpoint_dir=os.path.join(d, "ckpt"))
+    victim = None
+    try:
+        wait(lambda: len(cluster.metrics()) == 3 and min(m.get("step", 0) for m in cluster.metrics().values()) >= 150,
+             300)
+        node = next(n for n in cluster.nodes if n["node_index"] == 2)
+        victim = next(h for h in hosts.hosts if h.address == node["host"])
+        t_notice = time.time()
+        os.kill(cluster.registry.nodes[2].agent.agent_pid, signal.SIGTERM)
+        if save:
+            wait(lambda: cluster.evictions, 60)
+        hosts.kill_host(victim)  # the platform's SIGKILL
+        first = first_step(cluster, 1) - t_notice
+        resumed = next(m["resumed_from"] for m in cluster.metrics().values() if m.get("attempt") == 1)
+        reached = max(int(open(f).read()) for f in glob.glob(os.path.join(d, "last-a0-r*")))
+        assert len(cluster.roles) == 2, cluster.roles
+    finally:
+        cluster._abort(TFOSError("benchmark done"))
+        if victim is not None:
+            hosts.restart_worker(victim)
+    return reached - resumed, first
 
 
 def wait(pred, timeout):
@@ -139,8 +229,10 @@ def main(argv=None):
     p.add_argument("--multihost", action="store_true", help="on the multi-host harness: a whole host is killed")
     p.add_argument("--shrink", action="store_true", help="on the multi-host harness: 3 nodes, min_executors=2, a "
                    "host killed for good; against a fresh 2-node start")
+    p.add_argument("--evict", action="store_true", help="on the multi-host harness: an eviction notice with the "
+                   "save (ctx.should_checkpoint) against the same notice without it")
     args = p.parse_args(argv)
-    args.multihost = args.multihost or args.shrink
+    args.multihost = args.multihost or args.shrink or args.evict
     logging.basicConfig(level=logging.WARNING)
     # the supervisor's restart line times the phases ("attempt N started in T s (stopping the nodes ...,
     # cancel and teardown ..., reservation to registered ...)"): shown, the rest of tfos stays at WARNING
@@ -157,8 +249,27 @@ def main(argv=None):
             rows = []
             for _ in range(args.runs):
                 wait_executors(spark.sparkContext, 3)
-                rows.append(one_run(spark.sparkContext, hosts, args.shrink))
+                if args.evict:
+                    import tempfile
+
+                    out = tempfile.mkdtemp(prefix="tfos-bench-evict-")
+                    ours = one_eviction(spark.sparkContext, hosts, True, out)
+                    wait_executors(spark.sparkContext, 3)
+                    rows.append(ours + one_eviction(spark.sparkContext, hosts, False, out))
+                else:
+                    rows.append(one_run(spark.sparkContext, hosts, args.shrink))
             spark.stop()
+        if args.evict:
+            print("multi-host harness (3 hosts, min_executors=2): at step 150 node 2's agent gets SIGTERM, then its "
+                  "host is killed; periodic checkpoints every 100 steps")
+            print("| run | save first: steps lost | save first: notice -> first step on 2 nodes (s) | no save: steps "
+                  "lost | no save: notice -> first step on 2 nodes (s) | time, save / no save |")
+            print("|---:|---:|---:|---:|---:|---:|")
+            for i, (lost, t, lost_ref, t_ref) in enumerate(rows, 1):
+                print(f"| {i} | {lost} | {t:.1f} | {lost_ref} | {t_ref:.1f} | {t / t_ref:.2f} |")
+            m = [statistics.median(c) for c in zip(*rows)]
+            print(f"| median | {m[0]:g} | {m[1]:.1f} | {m[2]:g} | {m[3]:.1f} | {m[1] / m[3]:.2f} |")
+            return
         print("multi-host harness (3 hosts): the victim's whole host killed"
               + (" (3 nodes, min_executors=2: the restart runs on the 2 hosts left; the reference is a fresh "
                  "2-node start)" if args.shrink else ""))

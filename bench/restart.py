@@ -69,53 +69,6 @@ def main_fun(args, ctx):
         time.sleep(0.01)
 
 
-def evict_main(args, ctx):
-    """MWMS steps, checkpointed every ``args['every']`` steps and when ctx.should_checkpoint says so
-    (``args['ask']``), resumed from ctx.checkpoint_dir; each rank records its last finished step."""
-    import tempfile
-
-    import tensorflow as tf
-
-    strategy = ctx.strategy()
-    import keras
-
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
-        opt = keras.optimizers.SGD(0.01)
-        opt.build(model.trainable_variables)
-    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
-    manager = tf.train.CheckpointManager(ckpt, ctx.checkpoint_dir if ctx.is_chief else tempfile.mkdtemp(), 2)
-    latest = tf.train.latest_checkpoint(ctx.checkpoint_dir)
-    if latest:
-        ckpt.restore(latest)
-    resumed = int(opt.iterations.numpy())
-
-    @tf.function
-    def step(x, y):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        strategy.run(replica, args=(x, y))
-
-    x, y = tf.random.uniform((32, 64)), tf.zeros((32,), tf.int64)
-    last = os.path.join(args["out"], f"last-a{ctx.attempt}-r{ctx.rank}")
-    first = None
-    while True:
-        step(x, y)
-        i = int(opt.iterations.numpy())
-        with open(last, "w") as f:
-            f.write(str(i))
-        if first is None:
-            first = time.time()
-            ctx.report(first_step_time=first, attempt=ctx.attempt, resumed_from=resumed)
-        ctx.report(step=i)
-        if i % args["every"] == 0 or (args["ask"] and ctx.should_checkpoint(i)):
-            manager.save(checkpoint_number=i)
-            ctx.checkpoint_saved(i)
-        time.sleep(0.01)
-
-
 def one_eviction(sc, hosts, save: bool, out: str):
     """One eviction of node 2 at step 150: (steps lost, notice -> first step on 2 nodes in s)."""
     import glob
@@ -123,8 +76,10 @@ def one_eviction(sc, hosts, save: bool, out: str):
 
     from tfos import InputMode, TFCluster, TFOSError
 
+    from restart_programs import evictable_steps  # tests/ is on sys.path since main() (the executors' too)
+
     d = tempfile.mkdtemp(dir=out)
-    cluster = TFCluster.run(sc, evict_main, {"out": d, "every": 100, "ask": save}, 3, 0,
+    cluster = TFCluster.run(sc, evictable_steps, {"out": d, "steps": 10**9, "every": 100, "ask": save}, 3, 0,
                             input_mode=InputMode.TENSORFLOW, master_node="chief", min_executors=2, size_wait=5,
                             grow_interval=None, max_restarts=0 if save else 1, restart_backoff=0,
                             eviction_grace=30 if save else 0, stop_grace_secs=2, report_interval=0.2,
@@ -239,6 +194,7 @@ def main(argv=None):
     logging.getLogger("tfos.cluster.driver.supervisor").setLevel(logging.INFO)
     if args.multihost:
         sys.path.insert(0, os.path.join(ROOT, "tests", "multihost"))
+        sys.path.insert(0, os.path.join(ROOT, "tests"))  # --evict's program; before the session: executors get it
         from hosts import Hosts, can_run, wait_executors
 
         why = can_run()

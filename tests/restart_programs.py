@@ -7,9 +7,10 @@ import tempfile
 import time
 
 
-def checkpointed_steps(args, ctx):
-    """MWMS training steps up to ``args['steps']``, checkpointed every 5 steps in
-    ctx.checkpoint_dir and restored from it on a restart; each rank writes what it did."""
+def _restored_mwms_model(ctx):
+    """A small MWMS model and optimizer restored from ctx.checkpoint_dir (rank 0 saves there, the
+    others in a directory of their own): ``(model, opt, manager, resumed_from, step)``, ``step()``
+    one training step."""
     import keras
     import tensorflow as tf
 
@@ -24,7 +25,6 @@ def checkpointed_steps(args, ctx):
     latest = tf.train.latest_checkpoint(ctx.checkpoint_dir)
     if latest:
         ckpt.restore(latest).assert_existing_objects_matched()
-    resumed_from = int(opt.iterations.numpy())
 
     @tf.function
     def step(x):
@@ -35,9 +35,24 @@ def checkpointed_steps(args, ctx):
         strategy.run(replica, args=(x,))
 
     x = tf.ones((4, 16))
+    return model, opt, manager, int(opt.iterations.numpy()), lambda: step(x)
+
+
+def _write_result(args, ctx, model, opt, resumed_from, first) -> None:
+    """What this rank did in this attempt: ``attempt-rank<rank>.json`` in ``args['out']``."""
+    with open(os.path.join(args["out"], f"attempt-rank{ctx.rank}.json"), "w") as f:
+        json.dump({"attempt": ctx.attempt, "resumed_from": resumed_from, "steps": int(opt.iterations.numpy()),
+                   "first_step_time": first, "host": ctx.host,
+                   "weights": [w.numpy().tolist() for w in model.weights]}, f)
+
+
+def checkpointed_steps(args, ctx):
+    """MWMS training steps up to ``args['steps']``, checkpointed every 5 steps in
+    ctx.checkpoint_dir and restored from it on a restart; each rank writes what it did."""
+    model, opt, manager, resumed_from, step = _restored_mwms_model(ctx)
     first = None
     while int(opt.iterations.numpy()) < args["steps"]:
-        step(x)
+        step()
         i = int(opt.iterations.numpy())
         if first is None:
             first = time.time()
@@ -47,63 +62,36 @@ def checkpointed_steps(args, ctx):
             ctx.checkpoint_saved(i)  # a safe point: a smaller cluster may grow back here
             ctx.report(step=i)
         time.sleep(0.05)
-    with open(os.path.join(args["out"], f"attempt-rank{ctx.rank}.json"), "w") as f:
-        json.dump({"attempt": ctx.attempt, "resumed_from": resumed_from, "steps": int(opt.iterations.numpy()),
-                   "first_step_time": first, "host": ctx.host,
-                   "weights": [w.numpy().tolist() for w in model.weights]}, f)
+    _write_result(args, ctx, model, opt, resumed_from, first)
 
 
 def evictable_steps(args, ctx):
-    """MWMS training steps up to ``args['steps']``, checkpointed only when ctx.should_checkpoint
-    says so (a node must go) and restored from ctx.checkpoint_dir on a restart; each rank records
-    the last step it finished after every step (``last-a<attempt>-r<rank>``), and what it did."""
-    import keras
-    import tensorflow as tf
-
-    strategy = ctx.strategy()
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8)])
-        opt = keras.optimizers.SGD(0.01)
-        opt.build(model.trainable_variables)
-    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
-    save_dir = ctx.checkpoint_dir if ctx.is_chief else tempfile.mkdtemp(prefix="ckpt-")
-    manager = tf.train.CheckpointManager(ckpt, save_dir, max_to_keep=2)
-    latest = tf.train.latest_checkpoint(ctx.checkpoint_dir)
-    if latest:
-        ckpt.restore(latest).assert_existing_objects_matched()
-    resumed_from = int(opt.iterations.numpy())
-
-    @tf.function
-    def step(x):
-        def replica(x):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x)))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        strategy.run(replica, args=(x,))
-
-    x = tf.ones((4, 16))
+    """MWMS training steps up to ``args['steps']``, checkpointed when ctx.should_checkpoint says so
+    (a node must go; unless ``args['ask']`` is False) and every ``args['every']`` steps (0: never),
+    restored from ctx.checkpoint_dir on a restart; each rank records the last step it finished
+    after every step (``last-a<attempt>-r<rank>``), and what it did. bench/restart.py --evict runs
+    it too."""
+    every, ask = args.get("every", 0), args.get("ask", True)
+    model, opt, manager, resumed_from, step = _restored_mwms_model(ctx)
     first, saved = None, []
     last = os.path.join(args["out"], f"last-a{ctx.attempt}-r{ctx.rank}")
     while int(opt.iterations.numpy()) < args["steps"]:
-        step(x)
+        step()
         i = int(opt.iterations.numpy())
         with open(last, "w") as f:
             f.write(str(i))
         if first is None:
             first = time.time()
-            ctx.report(first_step_time=first, attempt=ctx.attempt)
+            ctx.report(first_step_time=first, attempt=ctx.attempt, resumed_from=resumed_from)
         ctx.report(step=i)
-        if ctx.should_checkpoint(i):
+        if (every and i % every == 0) or (ask and ctx.should_checkpoint(i)):
             manager.save(checkpoint_number=i)
             saved.append(i)
             with open(os.path.join(args["out"], f"saved-a{ctx.attempt}-r{ctx.rank}.json"), "w") as f:
                 json.dump(saved, f)
             ctx.checkpoint_saved(i)  # every rank: after a save for an eviction it waits here for the restart
         time.sleep(0.05)
-    with open(os.path.join(args["out"], f"attempt-rank{ctx.rank}.json"), "w") as f:
-        json.dump({"attempt": ctx.attempt, "resumed_from": resumed_from, "steps": int(opt.iterations.numpy()),
-                   "first_step_time": first, "host": ctx.host,
-                   "weights": [w.numpy().tolist() for w in model.weights]}, f)
+    _write_result(args, ctx, model, opt, resumed_from, first)
 
 
 def ps_checkpointed_steps(args, ctx):

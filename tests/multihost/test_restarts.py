@@ -189,3 +189,55 @@ def test_a_node_told_to_go_every_rank_saves_at_one_step_and_no_step_is_lost(mh_s
             cluster._abort(TFOSError("the test ended"))
         if killed:
             hosts.restart_worker(host)
+
+
+def test_keras_fit_across_hosts_told_to_go_saves_and_resumes_on_two_hosts(mh_sc, hosts, tmp_path, record_property):
+    """Keras 3 fit through tfos.keras_dist on 3 hosts with tfos.callbacks.save_before_eviction and
+    min_executors=2: node 2's agent gets SIGTERM, rank 0 backs up at the step every rank agreed
+    on, its host dies, and fit resumes on 2 nodes (a new collective group of 2) in the epoch of
+    that backup, replicas identical."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import digits_keras_fit
+    import digits_tf
+
+    epochs = 40
+    args = SimpleNamespace(keras="3", epochs=epochs, batch_size=32, learning_rate=0.01, compression=None,
+                           data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "out"))
+    os.makedirs(args.output_dir)
+    # 8 shards: at 3 ranks the third reads 2 of them; every rank trains on as many rows at any size
+    args.rows_per_rank = digits_tf.prepare_shards(args.data_dir)["train_rows"] // 4 - 20
+    per_epoch = args.rows_per_rank // args.batch_size
+    cluster = TFCluster.run(mh_sc, digits_keras_fit.main_fun, args, 3, 0, master_node="chief", min_executors=2,
+                            size_wait=5, grow_interval=None, restart_backoff=1, eviction_grace=60,
+                            checkpoint_dir=str(tmp_path / "ckpt"), report_interval=0.2, reservation_timeout=600,
+                            **FAST)
+    node, host = _victim(cluster, hosts, index=2)
+    killed = False
+    try:
+        assert wait_for(lambda: len(cluster.metrics()) == 3
+                        and min(m.get("epoch", 0) for m in cluster.metrics().values()) >= 2, 300, 0.05)
+        t_notice = time.time()
+        os.kill(cluster.supervisor.registry.nodes[2].agent.agent_pid, signal.SIGTERM)
+        assert wait_for(lambda: cluster.evictions, 60), "the cluster did not save"
+        record_property("seconds_notice_to_saved", round(time.time() - t_notice, 1))
+        assert hosts.kill_host(host) > 0
+        killed = True
+        cluster.shutdown(timeout=900)
+    finally:
+        if not cluster.lifecycle.ended:
+            cluster._abort(TFOSError("the test ended"))
+        if killed:
+            hosts.restart_worker(host)
+    (ev,) = cluster.evictions
+    assert ev.nodes == (2,) and ev.step >= 2 * per_epoch, (ev, per_epoch)
+    assert cluster.attempt == 1 and len(cluster.roles) == 2 and cluster.restarts == []
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["attempt"] == 1 and result["epochs_run"] == list(range((ev.step - 1) // per_epoch, epochs)), (
+        result, ev)
+    w0, w1 = np.load(tmp_path / "out" / "weights-rank0.npz"), np.load(tmp_path / "out" / "weights-rank1.npz")
+    for k in w0.files:
+        np.testing.assert_array_equal(w0[k], w1[k])
+    assert result["accuracy"] >= 0.85, result

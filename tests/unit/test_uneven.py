@@ -71,6 +71,44 @@ def test_policy_names_are_checked():
         U.check_policy("truncate")
 
 
+def test_rows_sent_to_level_that_come_after_the_end_and_the_shutdown_are_still_read(monkeypatch):
+    """The levelled rows may reach a node after the driver's end marker and even after the
+    shutdown's (shutdown() right after train()): the node reads them before it ends."""
+    send = FeedHub.send_rows
+
+    def late(self, *args):
+        threading.Timer(0.5, send, (self, *args)).start()
+
+    monkeypatch.setattr(FeedHub, "send_rows", late)
+    fp = FeedPath(2)
+    try:
+        barrier = threading.Barrier(2, timeout=15)
+        results, errors, levelled = fp.run(_partitions([60] * 5), _steps_with_a_collective(
+            barrier, lambda f: f.batches(50)), shutdown=True)
+        sent = fp.sent
+    finally:
+        fp.close()
+    assert not errors, errors
+    assert sorted(sent.values()) == [120, 180] and levelled == {0: 150, 1: 150}
+    assert [sizes for sizes, _ in results.values()] == [[50, 50, 50]] * 2
+    assert sorted(v for _s, vs in results.values() for v in vs) == list(range(300))
+
+
+@pytest.mark.parametrize("totals,moves", [
+    ({0: 10, 1: 10}, ()),
+    ({0: 11, 1: 10}, ()),  # within one row: level
+    ({0: 12, 1: 10}, ((0, 1, 1),)),
+    ({0: 11048, 1: 8952}, ((0, 1, 1048),)),  # the issue's two hosts
+    ({0: 0, 1: 0, 2: 9}, ((2, 0, 3), (2, 1, 3))),
+    ({0: 5, 1: 9, 2: 0, 3: 6}, ((1, 2, 4), (3, 2, 1))),  # 20 rows: 5 each
+    ({0: 7, 1: 0, 2: 0}, ((0, 1, 2), (0, 2, 2))),  # the node with the most keeps the odd row
+])
+def test_level_table(totals, moves):
+    assert U.level(totals) == moves
+    after = U.after_moves(totals, moves)
+    assert max(after.values()) - min(after.values()) <= 1 and sum(after.values()) == sum(totals.values())
+
+
 @pytest.mark.parametrize("live,counts,expected", [
     ([0, 1], {0: 300, 1: 200}, 200), ([0], {0: 300, 1: 200}, 300), ([], {0: 5}, 0), ([0, 1], {0: 7}, 0)])
 def test_safe_rows_is_the_fewest_rows_of_a_live_node(live, counts, expected):
@@ -138,13 +176,16 @@ class FeedPath:
         self.service = ControlService(self.registry, self.scheduler.handlers(), self.key, "127.0.0.1").start()
         self.hubs = [FeedHub(self.key, queue_chunks, gate_client=lambda i=i: DriverClient(
             "127.0.0.1", self.service.port, self.key, "c", i)).start() for i in range(n)]
+        for i, (job, idx) in enumerate(self.registry.roles):  # where levelling sends rows: the hubs
+            self.registry.on_register(M.RegisterNode("c", M.NodeInfo(i, job, idx, "127.0.0.1", 0, self.hubs[i].port,
+                                                                     0)))
 
     def close(self):
         for h in self.hubs:
             h.close()
         self.service.stop()
 
-    def run(self, partitions, consume, uneven="drop", chunk_rows=None, feed_id="f1"):
+    def run(self, partitions, consume, uneven="drop", chunk_rows=None, feed_id="f1", shutdown=False):
         cfg = M.FeedConfig("c", self.key, "127.0.0.1", self.service.port, feed_id, "input", 30.0,
                            tuple(range(self.n)), tuple((i, "127.0.0.1", h.port) for i, h in enumerate(self.hubs)),
                            chunk_rows, uneven)
@@ -166,15 +207,19 @@ class FeedPath:
             t.start()
         for t in tasks:
             t.join(30)
-        per_node = self.scheduler.take_rows(feed_id)
+        per_node = self.scheduler.take_rows(feed_id, level=bool(uneven), timeout=30.0)
         totals = self.scheduler.totals(feed_id)
         for i, h in enumerate(self.hubs):
             end_feed("127.0.0.1", h.port, self.key, i, feed_id, "input", per_node.get(i, 0), 30.0, totals=totals,
-                     uneven=uneven)
+                     uneven=uneven, level=self.scheduler.level_of(feed_id, i))
+        if shutdown:  # the cluster's shutdown right after train() returned, as shutdown() sends it
+            for i, h in enumerate(self.hubs):
+                end_feed("127.0.0.1", h.port, self.key, i, M.SHUTDOWN_FEED, "input", 0, 30.0)
         for t in ranks:
             t.join(30)
         assert not any(t.is_alive() for t in ranks), "a rank hung"
-        return results, errors, per_node
+        self.sent = per_node  # before levelling
+        return results, errors, dict(totals) if uneven else per_node  # what each rank reads
 
 
 @pytest.fixture
@@ -211,7 +256,8 @@ def _partitions(sizes):
     ([1000, 700, 450], 100, "next_batch"),
     ([5, 3000, 17, 64, 999], 64, "batches"),
     ([4096, 1], 256, "batches"),
-    ([60] * 5, 50, "batches"),  # chunks too small to split: 180 and 120 rows, 3 steps each, 30 rows dropped
+    ([60] * 5, 50, "batches"),  # chunks too small to split: 180 and 120 rows sent, levelled to 150 each
+    ([3000, 1, 1, 1], 32, "batches"),  # skewed: levelled at the end
 ])
 def test_unequal_partitions_give_equal_steps_and_drop_the_surplus(path, sizes, batch, read):
     barrier = threading.Barrier(2, timeout=15)
@@ -228,6 +274,35 @@ def test_unequal_partitions_give_equal_steps_and_drop_the_surplus(path, sizes, b
     dropped = sum(per_node.values()) - len(v0) - len(v1)
     assert dropped == sum(max(0, r - steps * batch) for r in per_node.values())
     assert sum(h.rows_dropped for h in path.hubs) == dropped
+    assert max(per_node.values()) - min(per_node.values()) <= 1, per_node  # levelled to the row
+    assert all(r - steps * batch <= batch - 1 for r in per_node.values())  # at most batch - 1 dropped per rank
+    assert sum(per_node.values()) == sum(sizes)  # levelling moved rows, lost none
+
+
+@pytest.mark.parametrize("n,sizes", [
+    (2, [60] * 5),  # chunks too small to split (below MIN_PIECE): 180 and 120 rows sent
+    (3, [63] * 8 + [5]),
+    (4, [63] * 9 + [7]),
+])
+def test_levelling_sends_the_surplus_to_the_short_ranks_every_row_once(n, sizes):
+    """The scheduler's shares part by what its chunks allow; at the end the nodes with surplus send
+    their last rows to the short ones, so every rank reads its share to the row."""
+    fp = FeedPath(n)
+    try:
+        barrier = threading.Barrier(n, timeout=15)
+        results, errors, levelled = fp.run(_partitions(sizes), _steps_with_a_collective(barrier, lambda f: f.batches(32)),
+                                           chunk_rows=1000)
+        sent = fp.sent
+    finally:
+        fp.close()
+    assert not errors, errors
+    assert max(levelled.values()) - min(levelled.values()) <= 1 and sum(levelled.values()) == sum(sizes), levelled
+    values = [v for _sizes, vs in results.values() for v in vs]
+    assert len(set(values)) == len(values)  # no row twice
+    steps = -(-min(levelled.values()) // 32)
+    assert all(len([s for s in sz if s]) == steps for sz, _ in results.values())
+    assert sum(sizes) - len(values) <= n * 31  # at most batch - 1 dropped per rank
+    assert max(sent.values()) - min(sent.values()) > 1, sent  # the case needed levelling
 
 
 def test_pad_gives_full_batches_whose_weights_mark_the_padding(path):
@@ -255,9 +330,9 @@ def test_pad_gives_full_batches_whose_weights_mark_the_padding(path):
 def test_error_raises_on_every_rank_at_the_same_step(path):
     """Slow steps: the feed is complete long before the ranks reach the step where they would part."""
     barrier = threading.Barrier(2, timeout=15)
-    results, errors, per_node = path.run(_partitions([60] * 5), _steps_with_a_collective(
-        barrier, lambda f: f.batches(50), step_secs=0.05), uneven="error")
-    assert sorted(per_node.values()) == [120, 180]
+    results, errors, per_node = path.run(_partitions([60, 60, 9]), _steps_with_a_collective(
+        barrier, lambda f: f.batches(64), step_secs=0.05), uneven="error")
+    assert sorted(per_node.values()) == [64, 65]  # levelled to the row, still 1 and 2 steps
     assert sorted(i for i, _ in errors) == [0, 1] and not barrier.broken
     for _, e in errors:
         assert isinstance(e, UnevenDataError) and "uneven='drop'" in str(e)

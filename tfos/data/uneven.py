@@ -12,8 +12,9 @@ knows that every rank will yield one at that step:
 
   ``"drop"`` (default)
       every rank runs ``ceil(fewest / batch)`` steps; the surplus rows of the other ranks are
-      dropped (never more than one Arrow chunk per rank and feed: chunks go to the rank with
-      the fewest rows);
+      dropped: at most ``batch - 1`` per rank and feed, because the shares are levelled to the
+      row when the feed completes (:func:`level`: a rank with surplus rows sends its last ones,
+      unread, to the ranks short of rows), whatever the partitions and hosts;
   ``"pad"``
       every rank runs ``ceil(most / batch)`` full batches; short ranks repeat a row of theirs
       with weight 0: every batch carries a ``sample_weight`` column (1 real, 0 padding), so a
@@ -85,6 +86,38 @@ def check_totals(policy: str, totals: dict[int, int], batch: int | None = None) 
                               f"{uneven_message(batch, totals)}")
     if policy == "error" and (steps(fewest, batch) != steps(most, batch) if batch else (fewest == 0) != (most == 0)):
         raise UnevenDataError(uneven_message(batch, totals))
+
+
+def level(totals: dict[int, int]) -> tuple[tuple[int, int, int], ...]:
+    """Pure: the moves ``(from node, to node, rows)`` at the end of a feed that leave every node's
+    rows within one of every other's, so that equal steps drop at most ``batch - 1`` rows per
+    rank whatever the partitions and hosts. The nodes with the most rows keep the odd ones (fewer
+    rows move); surplus goes to shortfall in node order. None when the shares already are level."""
+    if len(totals) < 2 or max(totals.values()) - min(totals.values()) <= 1:
+        return ()
+    base, extra = divmod(sum(totals.values()), len(totals))
+    order = sorted(totals, key=lambda i: (-totals[i], i))
+    target = {i: base + (1 if k < extra else 0) for k, i in enumerate(order)}
+    give = [[i, totals[i] - target[i]] for i in sorted(totals) if totals[i] > target[i]]
+    take = [[i, target[i] - totals[i]] for i in sorted(totals) if totals[i] < target[i]]
+    moves, g, t = [], 0, 0
+    while g < len(give) and t < len(take):
+        rows = min(give[g][1], take[t][1])
+        moves.append((give[g][0], take[t][0], rows))
+        give[g][1] -= rows
+        take[t][1] -= rows
+        g += give[g][1] == 0
+        t += take[t][1] == 0
+    return tuple(moves)
+
+
+def after_moves(totals: dict[int, int], moves) -> dict[int, int]:
+    """Pure: each node's rows once ``moves`` (:func:`level`) are done."""
+    out = dict(totals)
+    for src, dst, rows in moves:
+        out[src] -= rows
+        out[dst] += rows
+    return out
 
 
 def surplus(policy: str, batch: int, own: int, totals: dict[int, int]) -> int:

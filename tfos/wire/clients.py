@@ -276,7 +276,7 @@ class FeedClient:
 
 def end_feed(host: str, port: int, key: M.ChannelKey, node: int, feed_id: str, qname: str, rows: int,
              timeout: float, setting: str = "feed_timeout", while_waiting=None, totals=(),
-             uneven: str = "") -> M.FeedAck:
+             uneven: str = "", level: M.FeedLevel | None = None) -> M.FeedAck:
     """Tell node ``node``'s feed hub that feed ``feed_id`` is complete (``rows`` were sent to it;
     ``totals``: (node, rows) of every node still reading it); returns once the hub queued the end
     marker (which waits for room in a full queue). While waiting, ``while_waiting()`` runs every
@@ -285,7 +285,7 @@ def end_feed(host: str, port: int, key: M.ChannelKey, node: int, feed_id: str, q
                          setting=setting, retry=False) as ch:
         ch.settimeout(timeout)
         try:
-            return ch.request(M.FeedEnd(feed_id, qname, rows, tuple(totals), uneven), while_waiting)
+            return ch.request(M.FeedEnd(feed_id, qname, rows, tuple(totals), uneven, level), while_waiting)
         except socket.timeout:
             raise TFOSTimeoutError(f"the feed of node {node} at {host}:{port} did not answer within "
                                    f"{timeout:.0f}s; raise {setting}") from None

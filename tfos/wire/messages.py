@@ -435,11 +435,23 @@ class FeedGate:
 
 
 @message
+class FeedLevel:
+    """One node's part in levelling a gated train feed's shares at its end (``uneven.level``):
+    the rows it sends, its last ones, to nodes short of rows (``give``: node, host, feed port,
+    rows), and how many it receives from others (``take``)."""
+
+    give: tuple[tuple[int, str, int, int], ...] = ()
+    take: int = 0
+    timeout: float = 600.0  # feed_timeout: bounds each send and the wait for the rows to come
+
+
+@message
 class FeedGateReply:
     safe: int  # the fewest rows sent so far to a node still reading this feed
     complete: bool = False  # every row of the feed has been assigned: ``totals`` is final
     totals: tuple[tuple[int, int], ...] = ()  # (node index, rows) of the nodes still reading, when complete
-    own: int = -1  # rows sent to the asking node, when complete
+    own: int = -1  # rows the asking node reads, when complete (after levelling: ``level``)
+    level: FeedLevel | None = None  # when complete: the asking node's part in levelling the shares
 
 
 @message
@@ -494,8 +506,9 @@ class FeedEnd:
     feed_id: str
     qname: str
     rows: int
-    totals: tuple[tuple[int, int], ...] = ()  # (node index, rows) of every node still reading this feed
+    totals: tuple[tuple[int, int], ...] = ()  # (node index, rows) of every node still reading this feed, levelled
     uneven: str = ""  # the feed's policy for unequal rows (a node that got no rows decides by it)
+    level: FeedLevel | None = None  # this node's part in levelling the shares (``rows`` is before it)
 
 
 @message

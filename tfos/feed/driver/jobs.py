@@ -121,27 +121,29 @@ class FeedJobs:
                 epochs_done.append(self.run(f"tfos feed {cfg.feed_id} (epoch {e + 1} of {num_epochs})",
                                             lambda: action(1)))
             total = sum(epochs_done)
-        per_node = self.scheduler.take_rows(cfg.feed_id)  # the feed is complete: gates learn the totals
-        for node, rows in per_node.items():
-            self.rows_total[node] = self.rows_total.get(node, 0) + rows
+        # the feed is complete: gates learn the totals, levelled to the row in a gated feed
+        per_node = self.scheduler.take_rows(cfg.feed_id, level=bool(cfg.uneven), timeout=feed_timeout)
+        totals = self.scheduler.totals(cfg.feed_id)
+        levelled = dict(totals)
+        for node, rows in per_node.items():  # what each node reads: after the levelling's moves
+            self.rows_total[node] = self.rows_total.get(node, 0) + levelled.get(node, rows)
         self.events.append({"name": f"feed job {cfg.feed_id}", "cat": "feed", "ph": "X", "ts": int(wall0 * 1e6),
                             "dur": int((time.time() - wall0) * 1e6),
                             "args": {"rows": total, "epochs": num_epochs, "per_node": str(per_node)}})
-        totals = self.scheduler.totals(cfg.feed_id)
         for node in cfg.feed_nodes:
-            self._end_feed(cfg, node, per_node.get(node, 0), totals)
+            self._end_feed(cfg, node, per_node.get(node, 0), totals, self.scheduler.level_of(cfg.feed_id, node))
         secs = time.monotonic() - t0
         logger.info("tfos fed %d rows in %.1fs (%.0f rows/s); per node: %s", total, secs, total / max(secs, 1e-9),
                     per_node)
         return total
 
-    def _end_feed(self, cfg: M.FeedConfig, node: int, rows: int, totals=()) -> None:
+    def _end_feed(self, cfg: M.FeedConfig, node: int, rows: int, totals=(), level: M.FeedLevel | None = None) -> None:
         if self.scheduler.finished_reading(node):
             return
         host, port = cfg.address(node)
         try:
             end_feed(host, port, cfg.key, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout,
-                     while_waiting=self.check_failed, totals=totals, uneven=cfg.uneven)
+                     while_waiting=self.check_failed, totals=totals, uneven=cfg.uneven, level=level)
         except NodeFailedError:
             raise  # the cluster already knows the first cause
         except (TFOSError, OSError):

@@ -18,6 +18,7 @@ import threading
 import time
 
 from tfos.cluster.driver.registry import NodeRegistry, Snapshot
+from tfos.data import uneven
 from tfos.wire import messages as M
 from tfos.wire.schema import column_drift
 
@@ -119,7 +120,8 @@ class FeedScheduler:
         self.feed_rows: dict[str, dict[int, int]] = {}
         self.terminated: set[int] = set()
         self.feed_columns: dict[str, tuple[M.Column, ...]] = {}  # each feed's first columns
-        self.completed: dict[str, tuple[tuple[int, int], ...]] = {}  # feed -> live nodes' final rows
+        self.completed: dict[str, tuple[tuple[int, int], ...]] = {}  # feed -> live nodes' final rows, levelled
+        self.moves: dict[str, tuple] = {}  # completed feed -> (its levelling moves, feed_timeout)
         self._lock = threading.Lock()  # the scheduler's own state; the registry is read by snapshot
         self._changed = threading.Condition(self._lock)  # an assignment, a termination, a completion
         self.locality = True  # prefer a node on the producing task's host (plan_chunk's ``local``)
@@ -148,26 +150,45 @@ class FeedScheduler:
         with self._lock:
             return self._finished(i, self.registry.snapshot())
 
-    def take_rows(self, feed_id: str) -> dict[int, int]:
+    def take_rows(self, feed_id: str, level: bool = False, timeout: float = 600.0) -> dict[int, int]:
         """Rows sent to each node by feed ``feed_id`` (forgotten afterwards); the feed is complete:
-        its live nodes' totals answer the gates from now on (:meth:`totals`)."""
+        its live nodes' totals answer the gates from now on (:meth:`totals`). With ``level`` (a
+        gated feed) the totals are levelled to the row (``uneven.level``): the nodes with surplus
+        rows send their last ones to the nodes short of rows (:meth:`level_of`; ``timeout``:
+        feed_timeout)."""
         with self._lock:
             self.feed_columns.pop(feed_id, None)
             self.partitions.pop(feed_id, None)
             self.started.pop(feed_id, None)
             rows = dict(self.feed_rows.pop(feed_id, {}))
             snap = self.registry.snapshot()
-            self.completed[feed_id] = tuple((i, rows.get(i, 0)) for i in self.feed_ranks
-                                            if not self._finished(i, snap))
+            live = {i: rows.get(i, 0) for i in self.feed_ranks if not self._finished(i, snap)}
+            moves = uneven.level(live) if level else ()
+            levelled = uneven.after_moves(live, moves)
+            self.completed[feed_id] = tuple(levelled.items())
+            self.moves[feed_id] = (moves, float(timeout))
             while len(self.completed) > KEEP_COMPLETED:
+                self.moves.pop(next(iter(self.completed)), None)
                 self.completed.pop(next(iter(self.completed)))
             self._changed.notify_all()
             return rows
 
     def totals(self, feed_id: str) -> tuple[tuple[int, int], ...]:
-        """(node, rows) of the live nodes of a completed feed."""
+        """(node, rows) of the live nodes of a completed feed, after levelling."""
         with self._lock:
             return self.completed.get(feed_id, ())
+
+    def level_of(self, feed_id: str, node: int) -> M.FeedLevel | None:
+        """Node ``node``'s part in levelling completed feed ``feed_id`` (None: it sends and receives
+        nothing)."""
+        with self._lock:
+            moves, timeout = self.moves.get(feed_id, ((), 0.0))
+        give = [(dst, rows) for src, dst, rows in moves if src == node]
+        take = sum(rows for _src, dst, rows in moves if dst == node)
+        if not give and not take:
+            return None
+        hubs = {n.node_index: (n.host, n.feed_port) for n in self.registry.registered()}
+        return M.FeedLevel(tuple((dst, *hubs[dst], rows) for dst, rows in give), take, timeout)
 
     # -- control service handlers
     def handlers(self) -> dict:
@@ -215,7 +236,7 @@ class FeedScheduler:
                 if msg.feed_id in self.completed:
                     totals = self.completed[msg.feed_id]
                     own = dict(totals).get(msg.node_index, -1)
-                    return M.FeedGateReply(min((r for _, r in totals), default=0), True, totals, own)
+                    break
                 snap = self.registry.snapshot()
                 live = [i for i in self.feed_ranks if not self._finished(i, snap)]
                 safe = safe_rows(live, self.feed_rows.get(msg.feed_id, {}))
@@ -223,6 +244,8 @@ class FeedScheduler:
                 if safe >= msg.need or left <= 0:
                     return M.FeedGateReply(safe)
                 self._changed.wait(min(left, 0.5))  # a node that ends or fails changes ``live`` too
+        return M.FeedGateReply(min((r for _, r in totals), default=0), True, totals, own,
+                               self.level_of(msg.feed_id, msg.node_index))
 
     def on_terminated(self, msg: M.FeedTerminated):
         self.registry.node(msg.node_index)

@@ -72,11 +72,27 @@ class DataFeed:
         self.wait_secs = 0.0
         self._gate: Gate | None = None  # this node's place in the feed's equal steps (train feeds)
         self._part_end = False  # inference: the item just read ended a partition
+        # levelling a gated feed's shares at its end (uneven.level): items read ahead, to be read again
+        self._pushback: collections.deque = collections.deque()
+        self._given: collections.Counter = collections.Counter()  # feed -> rows this node sent to others
+        self._late: dict[str, tuple[End, int]] = {}  # feed -> (its End, rows to read in all): rows still to come
+        self._deferred: list = []  # a Close that came while such rows were on their way: read after them
 
     # -- core reader
     def _next_item(self):
+        if self._pushback:
+            return self._pushback.popleft()
         t0 = time.time()
-        item = self.queue.q.get()
+        if self._late:  # rows other nodes send to level the shares: bounded by feed_timeout
+            feed_id, (end, expected) = next(iter(self._late.items()))
+            try:
+                item = self.queue.q.get(timeout=end.level.timeout)
+            except queue.Empty:
+                raise FeedError(f"feed {feed_id}: {expected - self._feed_rows[feed_id]} of the {end.level.take} rows "
+                                f"other nodes send to level the shares did not come within {end.level.timeout:.0f}s "
+                                "(feed_timeout)") from None
+        else:
+            item = self.queue.q.get()
         t1 = time.time()
         self.wait_secs += t1 - t0
         if self.hub.reporter is not None and t1 - t0 > 0.001:
@@ -94,20 +110,85 @@ class DataFeed:
                 gated = item.origin.uneven if item.origin.ranks > 1 and self.hub.gate_client is not None else ""
                 self._gate = Gate(item.feed_id, gated, item.batch, self.hub.gate_client() if gated else None,
                                    self.queue)
+            late = self._late.get(item.feed_id)
+            if late is not None and self._feed_rows[item.feed_id] >= late[1]:  # the last rows sent to level came
+                del self._late[item.feed_id]
+                for closing in reversed(self._deferred):  # then the shutdown that overtook these rows
+                    self._pushback.appendleft(closing)
+                self._deferred.clear()
+                self._pushback.appendleft(late[0])  # read next: its End, now with every row in
         elif isinstance(item, End):
-            got_rows = self._feed_rows.pop(item.feed_id, 0)
-            if got_rows != item.rows:
-                raise FeedError(f"feed {item.feed_id}: the driver sent {item.rows} rows to this node but "
-                                f"{got_rows} arrived")
-            if self._gate is None and self.train_mode and len(item.totals) > 1:  # no row of this feed came here
-                uneven.check_totals(item.uneven, dict(item.totals))
-            self.done = True
+            self._end(item)
+        elif isinstance(item, Close) and self._late:  # rows sent to level the shares are still to come
+            self._deferred.append(item)
         elif isinstance(item, Close):
             self.done = self.closed = True
             if self._gate is not None:  # its watcher thread ends too
                 self._gate.close()
         elif isinstance(item, Part) and not self.train_mode:
             self._part_end = True
+
+    def _end(self, item: End) -> None:
+        """The driver's end of a feed: every row sent to this node arrived (checked), and those that
+        other nodes send to level the shares (``item.level.take``), which may come after it."""
+        got_rows = self._feed_rows[item.feed_id]
+        expected = item.rows - self._given.pop(item.feed_id, 0) + (item.level.take if item.level else 0)
+        if got_rows < expected and item.level is not None and got_rows >= expected - item.level.take:
+            self._late[item.feed_id] = (item, expected)  # the rest comes from other nodes: read on
+            return
+        self._feed_rows.pop(item.feed_id, None)
+        if got_rows != expected:
+            raise FeedError(f"feed {item.feed_id}: the driver sent {item.rows} rows to this node"
+                            + (f" and levelling moved {expected - item.rows:+d}" if expected != item.rows else "")
+                            + f", but {got_rows} arrived")
+        if self._gate is None and self.train_mode and len(item.totals) > 1:  # no row of this feed came here
+            uneven.check_totals(item.uneven, dict(item.totals))
+        self.done = True
+
+    def _hand_off(self, g: Gate) -> None:
+        """Level the shares (``uneven.level``): this node's last rows of the feed go to the nodes
+        short of rows (``g.level.give``), cut off before any of them is read. The feed is complete:
+        every row the driver sent here is queued already (a feeding task ends only once its rows
+        are), so the reader takes them out of the queue without waiting for the feed's end marker
+        (which the driver may send after another node's: waiting for it could hold the ranks), cuts
+        the rows off the end, and reads the rest again afterwards. A thread of its own sends them
+        (the receiving node's queue may be full until it steps on with this one)."""
+        g.handed = True
+        out = sum(rows for *_peer, rows in g.level.give)
+        sent = g.own + out  # the rows the driver sent here (``own`` is this node's share after the levelling)
+        held, have = [], self._feed_rows[g.feed_id]
+        while have < sent:
+            try:
+                item = self._pushback.popleft() if self._pushback else self.queue.q.get(timeout=g.level.timeout)
+            except queue.Empty:
+                raise FeedError(f"feed {g.feed_id}: {sent - have} of the rows sent to this node were not queued "
+                                f"within {g.level.timeout:.0f}s (feed_timeout) while it levelled the shares") from None
+            held.append(item)
+            if isinstance(item, Data) and item.feed_id == g.feed_id:
+                have += item.batch.num_rows
+            elif isinstance(item, Close):
+                break
+        pieces = ([("current", self._batch.slice(self._offset))] if self._batch is not None else []) + [
+            (k, item.batch) for k, item in enumerate(held) if isinstance(item, Data) and item.feed_id == g.feed_id]
+        tail, need = [], out
+        for where, batch in reversed(pieces):  # the last rows, cut off the end
+            if need == 0:
+                break
+            cut = min(need, batch.num_rows)
+            tail.insert(0, batch.slice(batch.num_rows - cut))
+            need -= cut
+            keep = batch.slice(0, batch.num_rows - cut)
+            if where == "current":
+                self._feed_rows[g.feed_id] -= cut
+                self._batch, self._offset = (keep, 0) if keep.num_rows else (None, 0)
+            else:
+                held[where] = Data(keep, held[where].origin, g.feed_id) if keep.num_rows else None
+        if need:
+            raise FeedError(f"feed {g.feed_id}: this node holds {out - need} unread rows but must send {out} to "
+                            "level the shares")
+        self._pushback.extendleft(reversed([item for item in held if item is not None]))
+        self._given[g.feed_id] += out
+        self.hub.send_rows(g.feed_id, self.qname_in, g.policy, len(g.totals), g.level, tail)
 
     def _admit(self, n: int) -> tuple[int, int]:
         """``(rows, padding rows)`` this node may put in its next batch of ``n`` (equal steps on every
@@ -125,6 +206,8 @@ class DataFeed:
                     return n, 0
                 g.wait(g.real + n)
                 continue
+            if g.level is not None and g.level.give and not g.handed:
+                self._hand_off(g)  # before any of the rows it sends is read
             real, pad = uneven.next_batch(g.policy, n, g.fed, g.real, g.own, g.totals)
             if real or pad:
                 return real, pad

@@ -40,6 +40,8 @@ class Gate:
         self.fed = self.real = self.padded = self.dropped = 0
         self.totals: dict[int, int] | None = None
         self.own = 0
+        self.level = None  # M.FeedLevel: this node's part in levelling the shares, with the totals
+        self.handed = False  # its surplus rows went to the nodes short of rows
         self.error: BaseException | None = None
         self.requests = 0  # gate requests the watcher made (reported: feed_gate_requests)
         self.wait_secs = 0.0  # how long the reader waited at the gate (reported: feed_gate_wait_secs)
@@ -75,7 +77,7 @@ class Gate:
                         with self.cond:
                             self._asked = max(self._asked, reply.safe)
                             if reply.complete:
-                                self.totals, self.own = dict(reply.totals), reply.own
+                                self.totals, self.own, self.level = dict(reply.totals), reply.own, reply.level
                             self.cond.notify_all()
                         if reply.complete:
                             return

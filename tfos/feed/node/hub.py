@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from tfos.errors import FeedError, ProtocolError, TFOSError
 from tfos.wire import arrow
 from tfos.wire import messages as M
 from tfos.wire.channel import KIND_ARROW, Channel
+from tfos.wire.clients import FeedClient
 from tfos.wire.listener import Listener
 
 logger = logging.getLogger(__name__)
@@ -37,12 +39,13 @@ class Data:
 @dataclass(frozen=True)
 class End:
     """The driver's end of feed ``feed_id``: ``rows`` rows were sent to this node in all;
-    ``totals``: (node, rows) of every node still reading the feed."""
+    ``totals``: (node, rows) of every node still reading the feed, after ``level``."""
 
     feed_id: str
     rows: int
     totals: tuple = ()
     uneven: str = ""
+    level: M.FeedLevel | None = None  # this node's part in levelling the shares (``rows``: before it)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,9 @@ class FeedHub:
         self.gate_requests = 0  # the equal-steps watchers' requests to the driver
         self.gate_wait_secs = 0.0  # how long readers waited at the gate for the other ranks' rows
         self.reporter = None  # set by the TF process: feed waits go on the cluster timeline
+        self.key = key  # the cluster's: levelling a feed sends rows to other nodes' hubs with it
+        self._senders: list[threading.Thread] = []  # levelling sends, joined at close()
+        self.send_error: BaseException | None = None  # the first levelling send that failed
         self._listener = Listener(key, self._serve, "feed-hub")
         self.port = self._listener.port
 
@@ -162,7 +168,43 @@ class FeedHub:
         self._listener.start()
         return self
 
-    def close(self) -> None:
+    def send_rows(self, feed_id: str, qname: str, policy: str, ranks: int, level: M.FeedLevel, tail: list) -> None:
+        """Send ``tail`` (record batches, cut off the end of this node's share) to the nodes of
+        ``level.give``, each its count in order, as a feeding task would (channel D, partition -1),
+        on a thread of its own: the receiving queue may be full until its reader steps on."""
+        def send():
+            rest = list(tail)
+            try:
+                for node, host, port, count in level.give:
+                    client = FeedClient(node, host, port, self.key, level.timeout)
+                    try:
+                        client.begin(feed_id, qname, -1, True, policy, ranks)
+                        left = count
+                        while left:
+                            part = rest[0].slice(0, min(left, rest[0].num_rows))
+                            client.send_batch(arrow.ipc_parts(part))
+                            left -= part.num_rows
+                            rest[0] = rest[0].slice(part.num_rows)
+                            if not rest[0].num_rows:
+                                rest.pop(0)
+                        client.end_partition(count)
+                        client.next_reply()
+                    finally:
+                        client.close()
+                logger.info("tfos feed %s: sent %d rows to level the shares: %s", feed_id,
+                            sum(c for *_p, c in level.give), ", ".join(f"{c} to node {n}" for n, _h, _p, c in level.give))
+            except BaseException as e:  # the receiving node raises FeedError when its rows do not come
+                self.send_error = self.send_error or e
+                logger.error("tfos feed %s: could not send rows to level the shares: %s", feed_id, e)
+
+        thread = threading.Thread(target=send, name=f"tfos-level-{feed_id}", daemon=True)
+        self._senders.append(thread)
+        thread.start()
+
+    def close(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self._senders:  # rows on their way to another node: let them arrive
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._stop.set()
         self._listener.close()
 
@@ -180,7 +222,7 @@ class FeedHub:
             for q in list(self.queues.values()) or [self.queue(msg.qname)]:
                 q.put(Close(), self._stop)
         else:
-            self.queue(msg.qname).put(End(msg.feed_id, msg.rows, msg.totals, msg.uneven), self._stop)
+            self.queue(msg.qname).put(End(msg.feed_id, msg.rows, msg.totals, msg.uneven, msg.level), self._stop)
         ch.send(M.FeedAck(msg.rows))
 
     def _on_feed(self, ch: Channel, begin: M.FeedBegin) -> None:

@@ -313,3 +313,17 @@ def test_an_eviction_notice_is_declined_when_a_rank_does_not_ask_should_checkpoi
     spark.evict(0, 0)
     cluster.shutdown(timeout=60)
     assert cluster.evictions == [] and [r.node_index for r in cluster.restarts] == [0], cluster.restarts
+
+
+def test_after_a_save_for_an_executor_that_ended_the_restart_does_not_wait_for_its_slot_to_go():
+    """The notice says the executor JVM ended (Spark counts its slot no more; a standalone worker
+    may start another there): the restart after the save waits for no slot to go, not the grace."""
+    spark = FakeSpark(3, lambda i, attempt: Does.SAVES if attempt == 0 else Does.FINISH)
+    cluster = TFCluster.reserve(spark, 3, min_executors=2, **dict(FAST, size_wait=0.2, grow_interval=None,
+                                                                  eviction_grace=30))
+    cluster.start(main_fun)
+    time.sleep(0.5)
+    spark.evict(2, 0, executor_gone=True)  # Spark offers 3 slots still: a replacement executor
+    assert wait_for(lambda: cluster.attempt == 1, 10), "the restart waited for the slot to go"
+    cluster.shutdown(timeout=60)
+    assert [e.nodes for e in cluster.evictions] == [(2,)] and len(cluster.roles) == 3 and cluster.restarts == []

@@ -58,6 +58,7 @@ class FakeNode(threading.Thread):
         self.run_secs = run_secs
         self.cancelled = cancelled
         self.evict = evict or threading.Event()  # set: this node's agent was told to go
+        self.executor_gone = False  # the notice says its executor ended already (FakeSpark.evict)
         self.saved: list[int] = []  # the steps this node saved at (Does.SAVES)
         self.steps = 0  # the steps it made (Does.SAVES)
         self.error: BaseException | None = None
@@ -132,7 +133,8 @@ class FakeNode(threading.Thread):
                     return
                 if self.evict.is_set() and not told:
                     told = True
-                    if not client.eviction_notice(c.eviction_grace, f"fake node {self.index} was told to go"):
+                    if not client.eviction_notice(c.eviction_grace, f"fake node {self.index} was told to go",
+                                                  executor_gone=self.executor_gone):
                         declined.set()  # the agent stops its TF process at once: a failure
                         stopped.set()
                         point.close()
@@ -205,9 +207,13 @@ class FakeSpark:
     def conf(self) -> dict:
         return {}
 
-    def evict(self, index: int, attempt: int) -> None:
-        """Node ``index`` of ``attempt`` is told to go (its agent sends an eviction notice)."""
+    def evict(self, index: int, attempt: int, executor_gone: bool = False) -> None:
+        """Node ``index`` of ``attempt`` is told to go (its agent sends an eviction notice; with
+        ``executor_gone``, as after its executor JVM ended)."""
         with self._lock:
+            for node in self.nodes:
+                if (node.index, node.cluster.attempt) == (index, attempt):
+                    node.executor_gone = executor_gone
             self._evict.setdefault((index, attempt), threading.Event()).set()
 
     def wait_for_slots(self, num_executors: int, timeout: float) -> int:

@@ -179,9 +179,10 @@ class DriverClient:
         """The driver's answer: whether to stop, and whether it wants the TF process's stacks."""
         return self._request(M.Heartbeat(self.cluster_id, self.node_index), timeout=timeout)
 
-    def eviction_notice(self, grace: float, why: str) -> bool:
-        """This node must go within ``grace`` s; True when the cluster saves first (wait for the stop)."""
-        return self._request(M.EvictionNotice(self.cluster_id, self.node_index, float(grace), why),
+    def eviction_notice(self, grace: float, why: str, executor_gone: bool = False) -> bool:
+        """This node must go within ``grace`` s (``executor_gone``: its executor ended already); True
+        when the cluster saves first (wait for the stop)."""
+        return self._request(M.EvictionNotice(self.cluster_id, self.node_index, float(grace), why, executor_gone),
                              timeout=min(max(grace, 1.0), 5.0)).save
 
     def node_stacks(self, request: int, stacks: str, log_tail: str) -> None:

@@ -274,6 +274,7 @@ class EvictionNotice:
     node_index: int
     grace: float
     why: str
+    executor_gone: bool = False  # its executor JVM ended already (Spark no longer counts its slot)
 
 
 @message

@@ -250,7 +250,7 @@ class NodeAgent:
         if grace <= 0:
             return None
         try:
-            save = self.driver.eviction_notice(grace, why)
+            save = self.driver.eviction_notice(grace, why, executor_gone=cause is Cause.EXECUTOR_LOST)
         except (TFOSError, OSError) as e:
             logger.warning("could not tell the driver that this node must go: %s", e)
             return None

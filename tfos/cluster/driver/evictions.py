@@ -34,7 +34,7 @@ class SaveState:
     round: int
     opened_at: float  # monotonic
     target: int  # -1 until every running training rank proposed
-    evicting: dict  # node -> (deadline: monotonic, why)
+    evicting: dict  # node -> (deadline: monotonic, why, its executor ended already)
 
 
 class SaveRounds:
@@ -51,7 +51,7 @@ class SaveRounds:
         self.proposals: dict[int, int] = {}  # node -> proposed step, this round
         self.target = -1
         self.savers: set[int] = set()  # training nodes whose program polls (ctx.should_checkpoint)
-        self.evicting: dict[int, tuple[float, str]] = {}
+        self.evicting: dict[int, tuple[float, str, bool]] = {}
 
     def new_attempt(self) -> None:
         with self.cond:
@@ -88,7 +88,8 @@ class SaveRounds:
         with self.cond:
             save = self.allowed and bool(trainers) and all(i in self.savers for i in trainers)
             if save:
-                self.evicting.setdefault(msg.node_index, (time.monotonic() + max(0.0, msg.grace), msg.why))
+                self.evicting.setdefault(msg.node_index, (time.monotonic() + max(0.0, msg.grace), msg.why,
+                                                          msg.executor_gone))
                 if not self.open:
                     self.round += 1
                     self.open, self.opened_at, self.proposals, self.target = True, time.monotonic(), {}, -1

@@ -243,7 +243,7 @@ class Supervisor:
         """Nodes told to go (an EvictionNotice, :mod:`evictions`): once every training rank
         checkpointed at the save round's target and rank 0 said so (``ctx.checkpoint_saved``), go on
         without them by a planned restart (no ``max_restarts`` used) once Spark no longer offers
-        their slots (up to their grace and EXPLAIN_WAIT_SECS more)."""
+        the slots of those whose executors still run (up to their grace and EXPLAIN_WAIT_SECS more)."""
         saves = self.registry.saves
         with self._cv:
             resumable = self.input_mode == InputMode.TENSORFLOW or self._wanting > 0
@@ -259,9 +259,11 @@ class Supervisor:
         hosts = tuple(self.registry.host_of(i) for i in nodes)
         why = state.evicting[nodes[0]][1]
         self.evictions.append(Eviction(time.time(), self.config.attempt, nodes, hosts, saved[1], why))
-        offered = self.spark.slots_offered()
-        until = max(deadline for deadline, _ in state.evicting.values()) + EXPLAIN_WAIT_SECS
-        self._evicted = (until, None if offered is None else offered - len(nodes))
+        # executors still running (told to go, not yet gone): wait for Spark to stop counting their
+        # slots; one that ended already is not counted (a standalone worker may start a new one there)
+        running = [deadline for deadline, _why, gone in state.evicting.values() if not gone]
+        offered = self.spark.slots_offered() if running else None
+        self._evicted = (max(running) + EXPLAIN_WAIT_SECS, offered - len(running)) if offered is not None else None
         logger.warning("tfos cluster %s: every rank saved at step %d before node(s) %s on %s go (%s); the cluster "
                        "goes on without them", self.cluster_id, saved[1], ", ".join(map(str, nodes)),
                        ", ".join(hosts), why)

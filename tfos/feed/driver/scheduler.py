@@ -109,6 +109,19 @@ def safe_rows(live: list[int], counts: dict[int, int]) -> int:
     return min((counts.get(i, 0) for i in live), default=0)
 
 
+def _levels(moves, nodes, timeout: float) -> dict[int, M.FeedLevel]:
+    """Each moving node's part in levelling a feed (``uneven.level``'s ``moves``), with the feed
+    hubs of ``nodes`` (registered NodeInfos) that it sends rows to; made once when the feed completes."""
+    hubs = {n.node_index: (n.host, n.feed_port) for n in nodes}
+    parts: dict[int, M.FeedLevel] = {}
+    for src, dst, rows in moves:
+        give = parts.get(src, M.FeedLevel(timeout=timeout))
+        parts[src] = M.FeedLevel(give.give + ((dst, *hubs[dst], rows),), give.take, timeout)
+        take = parts.get(dst, M.FeedLevel(timeout=timeout))
+        parts[dst] = M.FeedLevel(take.give, take.take + rows, timeout)
+    return parts
+
+
 #: completed feeds whose totals the scheduler keeps for late gate requests
 KEEP_COMPLETED = 64
 
@@ -121,7 +134,7 @@ class FeedScheduler:
         self.terminated: set[int] = set()
         self.feed_columns: dict[str, tuple[M.Column, ...]] = {}  # each feed's first columns
         self.completed: dict[str, tuple[tuple[int, int], ...]] = {}  # feed -> live nodes' final rows, levelled
-        self.moves: dict[str, tuple] = {}  # completed feed -> (its levelling moves, feed_timeout)
+        self.levels: dict[str, dict[int, M.FeedLevel]] = {}  # completed feed -> each moving node's part
         self._lock = threading.Lock()  # the scheduler's own state; the registry is read by snapshot
         self._changed = threading.Condition(self._lock)  # an assignment, a termination, a completion
         self.locality = True  # prefer a node on the producing task's host (plan_chunk's ``local``)
@@ -164,11 +177,10 @@ class FeedScheduler:
             snap = self.registry.snapshot()
             live = {i: rows.get(i, 0) for i in self.feed_ranks if not self._finished(i, snap)}
             moves = uneven.level(live) if level else ()
-            levelled = uneven.after_moves(live, moves)
-            self.completed[feed_id] = tuple(levelled.items())
-            self.moves[feed_id] = (moves, float(timeout))
+            self.completed[feed_id] = tuple(uneven.after_moves(live, moves).items())
+            self.levels[feed_id] = _levels(moves, self.registry.registered(), float(timeout))
             while len(self.completed) > KEEP_COMPLETED:
-                self.moves.pop(next(iter(self.completed)), None)
+                self.levels.pop(next(iter(self.completed)), None)
                 self.completed.pop(next(iter(self.completed)))
             self._changed.notify_all()
             return rows
@@ -182,13 +194,7 @@ class FeedScheduler:
         """Node ``node``'s part in levelling completed feed ``feed_id`` (None: it sends and receives
         nothing)."""
         with self._lock:
-            moves, timeout = self.moves.get(feed_id, ((), 0.0))
-        give = [(dst, rows) for src, dst, rows in moves if src == node]
-        take = sum(rows for _src, dst, rows in moves if dst == node)
-        if not give and not take:
-            return None
-        hubs = {n.node_index: (n.host, n.feed_port) for n in self.registry.registered()}
-        return M.FeedLevel(tuple((dst, *hubs[dst], rows) for dst, rows in give), take, timeout)
+            return self.levels.get(feed_id, {}).get(node)
 
     # -- control service handlers
     def handlers(self) -> dict:

@@ -87,8 +87,10 @@ def evictable_steps(args, ctx):
         if (every and i % every == 0) or (ask and ctx.should_checkpoint(i)):
             manager.save(checkpoint_number=i)
             saved.append(i)
-            with open(os.path.join(args["out"], f"saved-a{ctx.attempt}-r{ctx.rank}.json"), "w") as f:
+            record = os.path.join(args["out"], f"saved-a{ctx.attempt}-r{ctx.rank}.json")
+            with open(record + ".tmp", "w") as f:
                 json.dump(saved, f)
+            os.replace(record + ".tmp", record)  # whole or absent, whenever the host dies
             ctx.checkpoint_saved(i)  # every rank: after a save for an eviction it waits here for the restart
         time.sleep(0.05)
     _write_result(args, ctx, model, opt, resumed_from, first)

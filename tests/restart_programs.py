@@ -9,8 +9,8 @@ import time
 
 def _restored_mwms_model(ctx):
     """A small MWMS model and optimizer restored from ctx.checkpoint_dir (rank 0 saves there, the
-    others in a directory of their own): ``(model, opt, manager, resumed_from, step)``, ``step()``
-    one training step."""
+    others in a directory of their own): ``(model, opt, manager, resumed_from, step)``, ``step(x)``
+    one training step on a batch ``x`` of shape (rows, 16), ones by default."""
     import keras
     import tensorflow as tf
 
@@ -34,8 +34,8 @@ def _restored_mwms_model(ctx):
             opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         strategy.run(replica, args=(x,))
 
-    x = tf.ones((4, 16))
-    return model, opt, manager, int(opt.iterations.numpy()), lambda: step(x)
+    ones = tf.ones((4, 16))
+    return model, opt, manager, int(opt.iterations.numpy()), lambda x=None: step(ones if x is None else x)
 
 
 def _write_result(args, ctx, model, opt, resumed_from, first) -> None:
@@ -94,6 +94,68 @@ def evictable_steps(args, ctx):
             ctx.checkpoint_saved(i)  # every rank: after a save for an eviction it waits here for the restart
         time.sleep(0.05)
     _write_result(args, ctx, model, opt, resumed_from, first)
+
+
+def fed_steps(args, ctx):
+    """MWMS steps on fed rows (InputMode.SPARK, rows ``(id, x)``), ``args['batch']`` per rank per
+    step, checkpointed every ``args['every']`` steps with ``ctx.checkpoint_saved`` on every rank
+    (which sends the feed's position) and restored from ctx.checkpoint_dir on a restart. Each rank
+    appends ``[step, ids]`` after every step to ``ids-a<attempt>-r<rank>.jsonl`` in ``args['out']``
+    (its first line: ``{"resumed_from": step}``): :func:`trained_ids` rebuilds what the final
+    model trained on from them."""
+    import numpy as np
+    import tensorflow as tf
+
+    model, opt, manager, resumed_from, step = _restored_mwms_model(ctx)
+    feed = ctx.get_data_feed()
+    log = open(os.path.join(args["out"], f"ids-a{ctx.attempt}-r{ctx.rank}.jsonl"), "w")
+    log.write(json.dumps({"resumed_from": resumed_from}) + "\n")
+    log.flush()
+    first = None
+    while not feed.should_stop():
+        rows = feed.next_batch(args["batch"])
+        if not rows:
+            continue
+        ids = [int(r[0]) for r in rows]
+        step(tf.constant(np.tile(np.array(ids, np.float32)[:, None] / 1e4, (1, 16))))
+        i = int(opt.iterations.numpy())
+        log.write(json.dumps([i, ids]) + "\n")
+        log.flush()
+        if first is None:
+            first = time.time()
+            ctx.report(first_step_time=first, attempt=ctx.attempt, resumed_from=resumed_from)
+        ctx.report(step=i)
+        if i % args["every"] == 0 or ctx.should_checkpoint(i):
+            manager.save(checkpoint_number=i)
+            ctx.checkpoint_saved(i)  # every rank: the feed's position at this checkpoint goes to the driver
+        time.sleep(args.get("sleep", 0.0))
+    log.close()
+    _write_result(args, ctx, model, opt, resumed_from, first)
+
+
+def trained_ids(out, before: int | None = None) -> list[int]:
+    """The ids the final model trained on, from every attempt's ``ids-a*-r*.jsonl`` (fed_steps):
+    attempt a's steps count from where it resumed up to where every later attempt resumed from
+    (the steps after a checkpoint that a restart went back to are undone). ``before``: only what
+    attempt ``before`` resumed with (its checkpoint's ids)."""
+    import glob
+    import re
+
+    attempts: dict[int, list] = {}
+    for path in glob.glob(os.path.join(out, "ids-a*-r*.jsonl")):
+        a = int(re.search(r"ids-a(\d+)-r", path).group(1))
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        attempts.setdefault(a, []).append((lines[0]["resumed_from"], lines[1:]))
+    resumed = {a: min(r for r, _ in ranks) for a, ranks in attempts.items()}
+    ids = []
+    for a, ranks in attempts.items():
+        if before is not None and a >= before:
+            continue
+        cutoff = min((resumed[b] for b in resumed if b > a), default=float("inf"))
+        for _r, lines in ranks:
+            ids.extend(i for step, batch in lines if step <= cutoff for i in batch)
+    return ids
 
 
 def ps_checkpointed_steps(args, ctx):

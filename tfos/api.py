@@ -33,6 +33,7 @@ from tfos.cluster.driver.settings import (ClusterShape, RestartSettings, Supervi
 from tfos.cluster.driver.supervisor import Supervisor
 from tfos.errors import ClusterStateError, ConfigError, NodeFailedError, TFOSError
 from tfos.feed.driver.jobs import FeedJobs
+from tfos.feed.driver.resume import FeedPositions
 from tfos.feed.driver.scheduler import FeedScheduler
 from tfos.data.uneven import check_policy
 from tfos.topology import InputMode
@@ -60,13 +61,17 @@ class TFCluster:
         self.registry = NodeRegistry(cluster.cluster_id, roles, max_wait=cluster.reservation_timeout)
         feed_ranks = [i for i, (job, _) in enumerate(roles) if job in backend.feed_jobs]
         self.scheduler = FeedScheduler(self.registry, feed_ranks)
-        self.service = listen(self.registry, self.scheduler.handlers(), cluster.key, address)
+        positions = FeedPositions(self.registry)  # each rank's consumed rows at its checkpoints (resumable feeds)
+        self.service = listen(self.registry, {**self.scheduler.handlers(), **positions.handlers()}, cluster.key,
+                              address)
         config = dataclasses.replace(cluster, driver_port=self.service.port)  # the port the OS picked
         self.driver_host = cluster.driver_host
         self.supervisor = Supervisor(self.spark, shape, backend, config, self.registry, self.scheduler,
                                      restarts=restarts, supervision=supervision, on_attempt=self._on_attempt,
-                                     on_release=self._on_release, close_feeds=lambda: self.feeds.close_feeds())
-        self.feeds = FeedJobs(self.spark, self.registry, self.scheduler, config, self.supervisor.feed_check_failed,
+                                     on_release=self._on_release, close_feeds=lambda: self.feeds.close_feeds(),
+                                     at_safe_point=lambda step: self.feeds.ready_to_restart(step))
+        self.feeds = FeedJobs(self.spark, self.registry, self.scheduler, positions, config,
+                              self.supervisor.feed_check_failed,
                               self._abort)
         self.lifecycle = self.supervisor.lifecycle
         self._default_input_mode = default_input_mode
@@ -404,16 +409,26 @@ class TFCluster:
         Raises FeedTimeoutError if a node accepts no data for ``feed_timeout`` seconds, FeedError
         for rows that cannot be converted, NodeFailedError if a node fails meanwhile.
 
-        With ``max_restarts``, each epoch is its own Spark job; when a node fails, the cluster
-        restarts and the new attempt is fed the interrupted epoch again in full, then the rest
-        (epochs that finished before the failure are not fed again). Returns the rows fed.
+        With ``max_restarts`` or a size range (``min_executors``), each epoch is its own Spark job;
+        when the cluster restarts (a node failed, it shrinks, grows or saves before an eviction) the program resumes from its
+        checkpoint and the feed resumes where that checkpoint is: if every rank calls
+        ``ctx.checkpoint_saved(step)`` after each save, the new attempt is fed the rest of the
+        interrupted epoch (without the rows the checkpoint has trained on), then the later epochs,
+        so every row reaches one rank once per epoch (docs/elastic.md); otherwise the interrupted
+        epoch again in full. Returns the rows sent by the epoch jobs that completed, over every
+        attempt (a job cut short by a restart is not counted: its epoch, or its rest, is fed again).
         """
         self._check_running("train")
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ConfigError(f"num_epochs must be a positive int, got {num_epochs!r}")
         uneven = check_policy(uneven)
-        return self.supervisor.train(lambda epochs, done: self.feeds.train(
-            data, epochs, feed_timeout, qname, chunk_rows, epochs_done=done, uneven=uneven), num_epochs)
+        restarts = self.supervisor.settings  # a failure, or a resize of a size range, restarts the cluster
+        resume = self.feeds.resume(num_epochs) if restarts.max_restarts > 0 or restarts.elastic else None
+        try:
+            return self.supervisor.train(lambda resume: self.feeds.train(
+                data, num_epochs, feed_timeout, qname, chunk_rows, resume=resume, uneven=uneven), resume)
+        finally:
+            self.feeds.resuming = None
 
     def inference(self, data, feed_timeout: float = 600, qname: str = "input", chunk_rows: int | None = None,
                   output_column: str = "prediction", output_type: str | None = None):

@@ -44,7 +44,8 @@ def main_fun(args, ctx):
         optimizer.build(model.trainable_variables)  # its slots exist before a checkpoint restores them
 
     # Checkpoints in ctx.checkpoint_dir: after a restart (max_restarts) the model resumes from the
-    # last one, and train() feeds the interrupted epoch again in full.
+    # last one, and train() feeds the rest of the interrupted epoch: every rank tells the driver
+    # after each save how many rows of the feed its steps took (ctx.checkpoint_saved).
     import digits_tf
 
     manager, _step = digits_tf.restore_checkpoint(ctx, model, optimizer)
@@ -67,13 +68,18 @@ def main_fun(args, ctx):
         feed = ctx.get_data_feed(train_mode=True)
         # Each node's feed is its own shard: AutoShardPolicy.OFF is set by feed.dataset().
         dist_ds = strategy.distribute_datasets_from_function(lambda _: feed.dataset(args.batch_size, spec))
+        feed_steps = 0
         for batch in dist_ds:  # iterate to exhaustion: uneven feeds end together, no hang
             loss = train_step(batch)
             steps += 1
+            feed_steps += 1
             if steps % 50 == 0:
                 ctx.report(step=steps, loss=float(loss), attempt=ctx.attempt)
-            if every and int(optimizer.iterations.numpy()) % every == 0:
-                manager.save(checkpoint_number=int(optimizer.iterations.numpy()))
+            done = int(optimizer.iterations.numpy())
+            if every and done % every == 0:
+                manager.save(checkpoint_number=done)
+                # tf.data reads ahead of the steps: say how many rows they took (the feed's position)
+                ctx.checkpoint_saved(done, rows=feed_steps * args.batch_size)
         print(f"node {ctx.node_index}: trained {steps} steps, {feed.rows_read} rows of this feed", flush=True)
 
     if getattr(args, "export_dir", None):  # every worker takes part; the chief's copy is kept

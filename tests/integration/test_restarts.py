@@ -16,7 +16,7 @@ from tfos import InputMode, NonRetryable
 from tfos.errors import NodeFailedError, ReservationTimeoutError
 from tfos.testing import wait_for
 
-from restart_programs import checkpointed_steps, kill_rank_1_at_half_and_check
+from restart_programs import checkpointed_steps, fed_steps, kill_rank_1_at_half_and_check, trained_ids
 
 
 @pytest.mark.slow
@@ -74,6 +74,42 @@ def test_spark_feed_node_killed_in_epoch_2_feeds_that_epoch_again(tfos_cluster, 
     final = [json.loads((tmp_path / f"ids-{i}-attempt1.json").read_text()) for i in range(2)]
     counts = collections.Counter(final[0] + final[1])
     assert set(counts) == set(range(n)) and set(counts.values()) == {2}  # the epochs fed after the restart
+
+
+def test_spark_feed_resumes_where_the_checkpoint_is_every_row_once_per_epoch(tfos_cluster, spark, tmp_path):
+    """MWMS on fed rows, a checkpoint every 10 steps with ctx.checkpoint_saved on every rank (which
+    sends each rank's feed position). Node 1 is killed in epoch 2, past a checkpoint: the new
+    attempt resumes from it and is fed the rest of epoch 2 (not all of it), then epoch 3. What
+    the final model trained on holds every row once per epoch (counted), but for the rows equal
+    steps dropped at the end of the feed."""
+    n, epochs, batch = 2400, 3, 20
+    df = spark.range(0, n, 1, 6)
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2,
+                           checkpoint_dir=str(tmp_path / "ckpt"))
+    cluster.start(fed_steps, {"out": str(tmp_path), "batch": batch, "every": 10, "sleep": 0.02},
+                  input_mode=InputMode.SPARK)
+    per_epoch = n // (2 * batch)  # steps of one epoch on 2 ranks
+
+    def kill_in_epoch_2():  # 5 steps past the checkpoint at 1.5 epochs
+        if wait_for(lambda: min((m.get("step", 0) for m in cluster.metrics().values()), default=0)
+                    >= per_epoch * 3 // 2 + 5, 300):
+            os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_in_epoch_2, daemon=True)
+    killer.start()
+    fed = cluster.train(df, num_epochs=epochs, chunk_rows=100)
+    killer.join()
+    cluster.shutdown(timeout=120)
+
+    assert cluster.attempt == 1 and 1 in [r.node_index for r in cluster.restarts]  # rank 0's collective broke too
+    resumed = [json.loads(line) for line in open(tmp_path / "ids-a1-r0.jsonl")][0]["resumed_from"]
+    assert resumed % per_epoch, resumed  # resumed mid-epoch: from a checkpoint inside epoch 2
+    counts = collections.Counter(trained_ids(tmp_path))
+    dropped = sum(m.get("rows_dropped", 0) for m in cluster.metrics().values())
+    assert set(counts) <= set(range(n)) and max(counts.values()) == epochs, counts.most_common(3)  # none twice
+    assert sum(epochs - counts[i] for i in range(n)) == dropped <= 2 * (batch - 1)  # every other row once
+    # the new attempt was fed every row but those the checkpoint had: not epoch 2 again from its start
+    assert cluster.feeds.events[-1]["args"]["rows"] == epochs * n - resumed * 2 * batch, (cluster.feeds.events, fed)
 
 
 def fail_every_time(args, ctx):

@@ -4,13 +4,14 @@ the hosts Spark still has, resuming from the checkpoint."""
 import json
 import os
 import signal
+import threading
 import time
 
 from tfos import TFCluster
 from tfos.errors import TFOSError
 from tfos.testing import wait_for
 
-from restart_programs import checkpointed_steps, evictable_steps, ps_checkpointed_steps
+from restart_programs import checkpointed_steps, evictable_steps, fed_steps, ps_checkpointed_steps, trained_ids
 from test_faults import FAST, _victim, _wait_steps
 
 
@@ -146,6 +147,58 @@ def test_a_host_lost_the_cluster_goes_on_smaller_then_grows_back(mh_sc, hosts, t
     finally:
         if not cluster.lifecycle.ended:
             cluster._abort(TFOSError("the test ended"))
+        if not back:
+            hosts.restart_worker(host)
+
+
+def test_a_spark_feed_through_a_shrink_and_a_grow_trains_every_row_once_per_epoch(mh_sc, hosts, tmp_path,
+                                                                                  record_property):
+    """InputMode.SPARK, 3 MWMS nodes on 3 hosts, min_executors=2, every rank calling
+    ctx.checkpoint_saved (its feed position) every 10 steps. A host dies in epoch 1: the feed
+    resumes on 2 nodes from the checkpoint's position; the host comes back: the cluster grows to 3
+    at a checkpoint and the feed resumes from there. What the final model trained on holds every
+    row once per epoch (counted; but for the rows equal steps drop at the end), and each new
+    attempt was fed exactly the rows its checkpoint lacked, not the interrupted epoch again."""
+    import collections
+
+    from tfos import InputMode
+
+    n, epochs, batch = 6000, 3, 20
+    rdd = mh_sc.parallelize([(i,) for i in range(n)], 6)
+    cluster = TFCluster.run(mh_sc, fed_steps, {"out": str(tmp_path), "batch": batch, "every": 10, "sleep": 0.05}, 3,
+                            0, input_mode=InputMode.SPARK, master_node="chief", min_executors=2, size_wait=5,
+                            grow_interval=2, max_restarts=1, restart_backoff=1, checkpoint_dir=str(tmp_path / "ckpt"),
+                            reservation_timeout=600, stall_timeout=60, **FAST)
+    node, host = _victim(cluster, hosts)
+    fed, back = [], False
+    feeding = threading.Thread(target=lambda: fed.append(cluster.train(rdd, num_epochs=epochs, chunk_rows=100)),
+                               daemon=True)
+    feeding.start()
+    try:
+        _wait_steps(cluster, at_least=55)  # epoch 1 of 100 steps at 3 nodes, past the checkpoint at 50
+        assert hosts.kill_host(host) > 0
+        assert wait_for(lambda: cluster.attempt == 1 and len(cluster.metrics()) == 2
+                        and all(m.get("attempt") == 1 for m in cluster.metrics().values()), 180), cluster.metrics()
+        hosts.restart_worker(host)  # the host comes back: the cluster grows at a checkpoint
+        back = True
+        feeding.join(600)
+        assert fed, "train() did not return"
+        cluster.shutdown(timeout=600)
+        assert [(r.from_nodes, r.to_nodes) for r in cluster.resizes] == [(2, 3)], cluster.resizes
+        assert cluster.attempt == 2 and len(cluster.roles) == 3
+        counts = collections.Counter(trained_ids(tmp_path))
+        dropped = sum(m.get("rows_dropped", 0) for m in cluster.metrics().values())
+        assert set(counts) <= set(range(n)) and max(counts.values()) == epochs, counts.most_common(3)  # none twice
+        assert sum(epochs - counts[i] for i in range(n)) == dropped <= 3 * (batch - 1), dropped  # all others once
+        # the grown attempt was fed exactly what its checkpoint lacked (the interrupted epoch not again in full)
+        before = len(trained_ids(tmp_path, before=2))
+        assert 0 < before % n and cluster.feeds.events[-1]["args"]["rows"] == epochs * n - before
+        record_property("rows_of_the_last_attempt", cluster.feeds.events[-1]["args"]["rows"])
+        record_property("rows_trained_before_it", before)
+    finally:
+        if not cluster.lifecycle.ended:
+            cluster._abort(TFOSError("the test ended"))
+        feeding.join(60)
         if not back:
             hosts.restart_worker(host)
 

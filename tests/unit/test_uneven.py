@@ -137,6 +137,30 @@ def test_each_assignment_carries_the_safe_count_after_it():
                                                      (((1, 30),), 180)]
 
 
+@pytest.mark.parametrize("announced", [True, False])
+def test_partitions_that_send_nothing_still_bring_the_last_wave(announced):
+    """Nodes 0 and 1 on hosts a and b; 8 partitions, the first six with nothing to send (every row
+    trained on already: a resumed feed skips them). Each says so with a 0-row assignment, so the
+    last partition, on host a, levels the shares; counted as never started, its chunks would all
+    go to node 0 (run ahead on its own host), whose gate then waits for node 1's rows forever."""
+    reg = NodeRegistry("c", [("chief", 0), ("worker", 0)])
+    for i, host in enumerate(("a", "b")):
+        reg.on_register(M.RegisterNode("c", M.NodeInfo(i, *reg.roles[i], host, 0, 1000 + i, 0)))
+    sched = FeedScheduler(reg, [0, 1])
+    sched.partitions["f"] = 8
+    if announced:
+        for p in range(6):
+            sched.on_assign(M.AssignChunk("c", "f", 0, partition=p, host="b"))
+    sched.on_assign(M.AssignChunk("c", "f", 256, partition=6, host="b"))
+    for k in range(8):  # the last partition's chunks, on host a
+        sched.on_assign(M.AssignChunk("c", "f", 256, partition=7 if k == 0 else -1, host="a"))
+    counts = sched.take_rows("f")
+    if announced:
+        assert abs(counts[0] - counts[1]) <= 128, counts  # levelled by the last wave
+    else:
+        assert counts[0] - counts[1] > 1000, counts  # why the feeding task announces an empty partition
+
+
 def test_the_hub_keeps_the_highest_safe_count_and_refuses_it_outside_a_gated_feed():
     secret = C.new_key()
     hub = FeedHub(secret).start()
@@ -185,7 +209,8 @@ class FeedPath:
             h.close()
         self.service.stop()
 
-    def run(self, partitions, consume, uneven="drop", chunk_rows=None, feed_id="f1", shutdown=False):
+    def run(self, partitions, consume, uneven="drop", chunk_rows=None, feed_id="f1", shutdown=False, epoch=-1,
+            skip=None):
         cfg = M.FeedConfig("c", self.key, "127.0.0.1", self.service.port, feed_id, "input", 30.0,
                            tuple(range(self.n)), tuple((i, "127.0.0.1", h.port) for i, h in enumerate(self.hubs)),
                            chunk_rows, uneven)
@@ -200,7 +225,7 @@ class FeedPath:
         ranks = [threading.Thread(target=rank, args=(i,), daemon=True) for i in range(self.n)]
         for t in ranks:
             t.start()
-        feeder = make_train_feeder(cfg, arrow_input=False)
+        feeder = make_train_feeder(cfg, False, epoch, skip)
         tasks = [threading.Thread(target=lambda p=p, rows=rows: list(feeder(p, iter(rows))), daemon=True)
                  for p, rows in enumerate(partitions)]
         for t in tasks:  # two at a time, as two executors would run them
@@ -406,3 +431,70 @@ def test_terminate_releases_a_reader_waiting_at_the_gate(path):
     feed.terminate()
     reader.join(5)
     assert not reader.is_alive() and not got
+
+
+# --------------------------------------------------------------------------- feed positions (resuming a feed)
+
+def _ids(position, starts):
+    """The row ids of a position (epoch 0): partition p's row j is id starts[p] + j."""
+    return sorted(starts[p] + j for (e, p), ranges in position.items() for a, b in ranges for j in range(a, b))
+
+
+@pytest.mark.parametrize("n_before,n_after,read,steps", [
+    (3, 2, "batches", 5), (2, 3, "next_batch", 5), (3, 3, "batches", 5),
+    (3, 2, "batches", 23),  # after the levelling's rows (moved between ranks) were read too
+])
+def test_a_feed_resumed_from_the_ranks_positions_gives_every_row_once(n_before, n_after, read, steps):
+    """Ranks record where their rows came from (epoch, partition, offset; rows moved to level the
+    shares too); their positions at a checkpoint are exactly the rows they had read; a feed at
+    another size that skips those rows gives every other row once: the epoch done exactly once."""
+    from tfos.data import positions as P
+
+    sizes, batch = [700, 333, 64, 1200, 5], 32
+    starts = [sum(sizes[:p]) for p in range(len(sizes))]
+    reader = (lambda f: f.batches(batch)) if read == "batches" else (
+        lambda f: iter(lambda: [np.array([r[0] for r in f.next_batch(batch)])] if not f.should_stop() else None, None))
+
+    def consume_with_a_checkpoint_at(steps, barrier):
+        def consume(rank, feed):  # the rows after the checkpoint are read, then lost with the attempt
+            values, saved = [], None
+            for k, b in enumerate(reader(feed)):
+                barrier.wait()
+                values.extend(int(v) for v in b[0])
+                if k + 1 == steps:
+                    at = feed.hub.position()
+                    saved = values[:], P.from_wire(at[1]), at[0]
+                    # dataset()'s case: tf.data read ahead, the program says how many rows its steps took
+                    prefix = P.from_wire(feed.hub.position(rows=3 * batch + 7)[1])
+                    assert _ids(prefix, starts) == sorted(values[:3 * batch + 7])
+            barrier.wait()
+            return saved
+        return consume
+
+    fp = FeedPath(n_before)
+    try:
+        results, errors, levelled = fp.run(_partitions(sizes), consume_with_a_checkpoint_at(
+            steps, threading.Barrier(n_before, timeout=15)), chunk_rows=100, epoch=0)
+    finally:
+        fp.close()
+    moved = sum(abs(fp.sent.get(i, 0) - levelled[i]) for i in levelled) // 2
+    assert steps < 20 or moved >= batch, (fp.sent, levelled)  # rows moved, and read before the checkpoint
+    assert not errors, errors
+    trained = {}
+    for rank, (values, position, feed_id) in results.items():
+        assert feed_id == "f1" and _ids(position, starts) == sorted(values), rank  # the position is what it read
+        trained = P.merge(trained, position)
+    assert P.count(sum(trained.values(), [])) == steps * batch * n_before
+    fp = FeedPath(n_after)
+    try:
+        barrier = threading.Barrier(n_after, timeout=15)
+        results, errors, _ = fp.run(_partitions(sizes), _steps_with_a_collective(barrier, reader), epoch=0,
+                                    skip=P.of_epoch(trained, 0), uneven="drop", feed_id="f2")
+        dropped = sum(h.rows_dropped for h in fp.hubs)
+    finally:
+        fp.close()
+    assert not errors, errors
+    rest = [v for _sizes, vs in results.values() for v in vs]
+    everything = _ids(trained, starts) + rest
+    assert len(set(everything)) == len(everything)  # no row twice
+    assert len(everything) + dropped == sum(sizes) and dropped <= n_after * (batch - 1)

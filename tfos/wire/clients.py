@@ -117,6 +117,10 @@ class DriverClient:
     def checkpoint_saved(self, step: int) -> None:
         self._request(M.CheckpointSaved(self.cluster_id, self.node_index, step))
 
+    def feed_position(self, feed_id: str, step: int, ranges: tuple) -> None:
+        """The rows of ``feed_id`` this rank had handed to main_fun at checkpoint ``step``."""
+        self._request(M.FeedPosition(self.cluster_id, self.node_index, feed_id, int(step), tuple(ranges)))
+
     def save_poll(self, step: int, round_: int, proposal: int, target: int, wait: float = 10.0) -> M.SaveReply:
         """This rank's step (and its proposal for save round ``round_``); the driver answers when its
         save round or target differs from ``round_``/``target``, or after ``wait`` s (at most 10)."""
@@ -230,6 +234,10 @@ class FeedClient:
 
     def send_batch(self, ipc_payload) -> None:
         self.ch.send_data(ipc_payload)
+
+    def send_at(self, epoch: int, partition: int, offset: int) -> None:
+        """Where the next data frame's rows come from (a train feed that may be resumed)."""
+        self.ch.send(M.FeedAt(epoch, partition, offset))
 
     def send_safe(self, safe: int) -> None:
         """The driver's safe count, ahead of the next data frame (a gated train feed)."""

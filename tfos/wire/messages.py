@@ -266,6 +266,19 @@ class CheckpointSaved:  # TF process -> driver: ctx.checkpoint_saved(step): a sa
 
 
 @message
+class FeedPosition:
+    """TF process -> driver, with ``ctx.checkpoint_saved(step)`` on every rank: the rows of train feed
+    ``feed_id`` this rank had handed to main_fun at ``step``, as ``(epoch, partition, start, end)``
+    (:mod:`tfos.data.positions`): a restart from that checkpoint feeds the rest."""
+
+    cluster_id: str
+    node_index: int
+    feed_id: str
+    step: int
+    ranges: tuple[tuple[int, int, int, int], ...] = ()
+
+
+@message
 class EvictionNotice:
     """Agent -> driver: this node must go within ``grace`` seconds (a termination signal, its
     executor ending); answered with an EvictionReply: whether the cluster saves first."""
@@ -486,6 +499,17 @@ class FeedSafe:
     of the feed without asking the driver (equal steps)."""
 
     safe: int
+
+
+@message
+class FeedAt:
+    """Feeding task (or a node levelling a feed's shares) -> feed hub, before a data frame of a train
+    feed that may be resumed (restarts allowed): the frame's rows are rows ``offset``.. of
+    ``partition`` in epoch ``epoch`` of the feed (:mod:`tfos.data.positions`)."""
+
+    epoch: int
+    partition: int
+    offset: int
 
 
 @message

@@ -54,12 +54,15 @@ FIRST_CAUSE_WAIT_SECS = 3.0
 #: how often the control loop looks at the nodes (agents lost, a failure, a stall) when nothing
 #: wakes it sooner: the most a node's exit report or a lost agent's grace waits for the driver
 LOOP_TICK_SECS = 0.25
+#: how long a planned restart (grow, eviction) waits after rank 0's checkpoint for the other ranks'
+#: feed positions at that step (InputMode.SPARK; each follows its own save by moments)
+SAFE_POINT_WAIT_SECS = 10.0
 
 
 class Supervisor:
     def __init__(self, spark, shape: ClusterShape, backend, config: M.ClusterConfig, registry: NodeRegistry,
                  scheduler, *, restarts: RestartSettings, supervision: Supervision, on_attempt=None,
-                 on_release=None, close_feeds=None):
+                 on_release=None, close_feeds=None, at_safe_point=None):
         self.spark = spark
         self.cluster_id = config.cluster_id  # the first attempt's; attempt k runs as "<id>-k"
         self.shape = shape
@@ -72,6 +75,9 @@ class Supervisor:
         self.on_attempt = on_attempt  # (config) -> None: a new attempt's configuration (the feeds need it)
         self.on_release = on_release  # () -> None: the cluster's reporting, TensorBoard and control service end
         self.close_feeds = close_feeds  # () -> [(node, error)]: end every node's feed (InputMode.SPARK)
+        # (step) -> bool: a planned restart from the checkpoint at step may go (the feed knows every
+        # rank's position there, FeedJobs.ready_to_restart); waited for up to SAFE_POINT_WAIT_SECS
+        self.at_safe_point = at_safe_point or (lambda step: True)
         self.lifecycle = Lifecycle()
         self.input_mode: InputMode | None = None
         self.restarts: list[Restart] = []  # each failure that restarted the cluster
@@ -231,7 +237,7 @@ class Supervisor:
                 logger.warning("tfos cluster %s: Spark offers slots for %d nodes; the cluster grows from %d at rank "
                                "0's next checkpoint (ctx.checkpoint_saved)", self.cluster_id, target, size)
         saved = self.registry.checkpoint
-        if self._grow is not None and saved is not None and saved[0] >= self._grow[1]:
+        if self._grow is not None and saved is not None and saved[0] >= self._grow[1] and self._safe_point(saved):
             target = self._grow[0]
             self._grow = None
             self.resizes.append(Resize(time.time(), self.config.attempt, size, target, saved[1]))
@@ -253,7 +259,8 @@ class Supervisor:
             return
         target = saves.settle()
         saved = self.registry.checkpoint
-        if target < 0 or saved is None or saved[0] < state.opened_at or saved[1] < target:
+        if target < 0 or saved is None or saved[0] < state.opened_at or saved[1] < target \
+                or not self._safe_point(saved):
             return
         nodes = tuple(sorted(state.evicting))
         hosts = tuple(self.registry.host_of(i) for i in nodes)
@@ -268,6 +275,12 @@ class Supervisor:
                        "goes on without them", self.cluster_id, saved[1], ", ".join(map(str, nodes)),
                        ", ".join(hosts), why)
         self._stop_attempt([])
+
+    def _safe_point(self, saved: tuple[float, int]) -> bool:
+        """Rank 0's checkpoint ``saved`` (monotonic time, step) is one to restart from: the feed has
+        every rank's position there (their reports follow rank 0's by moments), or
+        SAFE_POINT_WAIT_SECS passed (the feed then resumes without positions, and says so)."""
+        return self.at_safe_point(saved[1]) or time.monotonic() - saved[0] > SAFE_POINT_WAIT_SECS
 
     def _evicted_gone(self) -> bool:
         """After a save before an eviction: Spark no longer offers the evicted nodes' slots, or
@@ -591,39 +604,32 @@ class Supervisor:
                 self._wanting -= 1
 
     # ------------------------------------------------------------------ feeding
-    def train(self, feed, num_epochs: int) -> int:
-        """``feed(epochs, epochs_done)`` (FeedJobs.train) for ``num_epochs`` epochs; returns the rows fed.
-        With restarts allowed, a node failure restarts the cluster and the new attempt is fed the
-        interrupted epoch again in full, then the rest (``epochs_done`` collects each finished
-        epoch's rows, so the feed knows where it was interrupted)."""
-        if self.settings.max_restarts <= 0:
-            return feed(num_epochs, None)
-        fed, done = 0, 0
+    def train(self, feed, resume=None) -> int:
+        """``feed(resume)`` (FeedJobs.train); returns the rows fed. With restarts allowed
+        (``resume``: the feed's FeedResume), a restart of the cluster while it feeds (a failure, a
+        resize, an eviction) or right after (before the nodes trained on the last rows) feeds the
+        new attempt again, from where ``resume`` says the checkpoint is."""
+        if resume is None:
+            return feed(None)
         with self._wanted():
             while True:
-                epochs_done: list[int] = []  # rows of each epoch fed completely in this attempt
                 attempt = self.config.attempt
                 try:
-                    rows = feed(num_epochs - done, epochs_done)
+                    feed(resume)
                 except NodeFailedError:  # Resizing too
-                    done += len(epochs_done)
-                    fed += sum(epochs_done)
-                    logger.warning("tfos: the cluster restarts while feeding epoch %d of %d; the new attempt is fed "
-                                   "from that epoch", done + 1, num_epochs)
                     self._wait(self._settled, "restarting the cluster")
                     if self.lifecycle.phase is Phase.FAILED:
                         raise self.lifecycle.error from None
+                    logger.warning("tfos: the cluster restarted while feeding; %s", resume.restarted(during_feed=True))
                     continue
                 self._wait(self._settled, "acting on a node failure")
                 if self.lifecycle.phase is Phase.FAILED:
                     raise self.lifecycle.error
                 if self.config.attempt == attempt:
-                    return fed + rows
+                    return resume.fed
                 # restarted after the last rows were handed over, before the nodes trained on them
-                done += max(0, len(epochs_done) - 1)
-                fed += sum(epochs_done[:-1])
-                logger.warning("tfos: the cluster restarted at the end of the feed; the new attempt is fed epoch %d "
-                               "of %d again", done + 1, num_epochs)
+                logger.warning("tfos: the cluster restarted at the end of the feed; %s",
+                               resume.restarted(during_feed=False))
 
     # ------------------------------------------------------------------ stopping
     def shutdown(self, grace_secs: float, timeout: float) -> None:

@@ -130,13 +130,24 @@ class NodeContext:
         self.reporter.flush()
         self.reporter.driver.log_model(self.absolute_path(path))
 
-    def checkpoint_saved(self, step: int | None = None) -> None:
+    def checkpoint_saved(self, step: int | None = None, rows: int | None = None) -> None:
         """Tell the driver that this rank just wrote a checkpoint (at ``step``, the program's step or
         epoch): a safe point. A cluster running smaller than ``num_executors`` grows back there when
         Spark offers more slots (a planned restart from that checkpoint; docs/elastic.md). Rank 0's
         call counts; cheap enough to call after every save. After a save that
         ``should_checkpoint`` asked for (a node must go), every rank's call waits here for the
-        restart from it (at most ``eviction_grace``), so no step is done that the checkpoint lacks."""
+        restart from it (at most ``eviction_grace``), so no step is done that the checkpoint lacks.
+
+        InputMode.SPARK: call it on every rank after each save, with the step. Each rank then sends
+        the rows of the current feed its steps have taken (its position), and a restart from this
+        checkpoint feeds the rest of the epoch instead of all of it (docs/elastic.md). By default
+        those are the rows ``next_batch``/``batches`` handed out; with ``dataset()``, whose
+        tf.data pipeline reads ahead of the steps, give ``rows``: the rows this rank's steps took
+        from the current feed in this attempt (its steps on it times its batch size)."""
+        hub = self.mgr if self.rank is not None and step is not None else None
+        at = hub.position(rows) if hasattr(hub, "position") else None
+        if at is not None:
+            self.reporter.driver.feed_position(at[0], int(step), at[1])
         if self.rank == 0:
             self.reporter.flush()
             self.reporter.driver.checkpoint_saved(-1 if step is None else int(step))

@@ -1,8 +1,8 @@
 """The driver side of InputMode.SPARK: the Spark jobs that feed data, the end of each feed, and
 the end of all feeds at shutdown (runs on the driver).
 
-:class:`FeedJobs` gets what it needs explicitly: the Spark entry point (``driver.spark``), the node registry and feed
-scheduler, the cluster configuration, and two callbacks of the cluster (``check_failed``
+:class:`FeedJobs` gets what it needs explicitly: the Spark entry point (``driver.spark``), the node registry, feed
+scheduler and the ranks' feed positions (:mod:`resume`), the cluster configuration, and two callbacks of the cluster (``check_failed``
 raises the nodes' error if any node failed; ``abort`` fails the cluster).
 """
 
@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 
+from tfos.feed.driver.resume import FeedPositions, FeedResume
 from tfos.feed.driver.scheduler import FeedScheduler
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.spark import SparkJob, raise_no_rdd
@@ -28,8 +29,8 @@ def is_dataframe(data) -> bool:
 
 
 class FeedJobs:
-    def __init__(self, spark, registry: NodeRegistry, scheduler: FeedScheduler, cluster: M.ClusterConfig,
-                 check_failed, abort):
+    def __init__(self, spark, registry: NodeRegistry, scheduler: FeedScheduler, positions: FeedPositions,
+                 cluster: M.ClusterConfig, check_failed, abort):
         self.spark = spark  # driver.spark.ClassicSpark or ConnectSpark
         self.registry = registry
         self.scheduler = scheduler
@@ -37,6 +38,8 @@ class FeedJobs:
         self.check_failed = check_failed
         self.abort = abort
         self.rows_total: dict[int, int] = {}  # rows fed per node over all train() calls
+        self.positions = positions  # each rank's consumed rows at its checkpoints (resumable feeds)
+        self.resuming: FeedResume | None = None  # the resumable feed running or last run
         self.events: list = []  # timeline events of the feeding jobs
 
     def feed_config(self, qname: str, feed_timeout: float, chunk_rows, uneven: str = "") -> M.FeedConfig:
@@ -90,37 +93,48 @@ class FeedJobs:
                        c.heartbeat_timeout + 2 * c.heartbeat_interval, poll=0.2)
 
     def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None,
-              epochs_done: list | None = None, uneven: str = "drop") -> int:
-        """One feed of ``num_epochs`` epochs. With ``epochs_done`` (restarts allowed) every epoch is
-        its own Spark job and the rows of each completed epoch are appended to it, so the caller
-        knows where a failure interrupted the feed; else one job feeds all epochs. ``uneven``: the
-        policy for unequal rows per node (:mod:`tfos.data.uneven`, checked by the caller)."""
+              resume: FeedResume | None = None, uneven: str = "drop") -> int:
+        """One feed of ``num_epochs`` epochs. With ``resume`` (restarts allowed) every epoch is its
+        own Spark job, from ``resume.first``, each without the rows the checkpoint has trained on
+        and with every piece's origin (:mod:`tfos.feed.driver.resume`); else one job feeds all
+        epochs. ``uneven``: the policy for unequal rows per node (:mod:`tfos.data.uneven`, checked
+        by the caller)."""
         from tfos.feed.executor.producer import make_train_feeder  # pyarrow: loaded when data is fed, not at import
 
         if not is_dataframe(data) and self.spark.connect:
             raise_no_rdd("train() with an RDD")
         cfg = self.feed_config(qname, feed_timeout, chunk_rows, uneven)
-        self.scheduler.partitions[cfg.feed_id] = num_epochs * _partitions(data, self.spark.connect)
-        if is_dataframe(data):
-            feeder = make_train_feeder(cfg, arrow_input=True)
+        epochs = range(resume.first if resume is not None else 0, num_epochs)
+        partitions = _partitions(data, self.spark.connect)  # per epoch (0: unknown)
+        self.scheduler.partitions[cfg.feed_id] = len(epochs) * partitions
 
-            def action(times):
-                epochs = functools.reduce(lambda a, b: a.unionAll(b), [data] * times)
-                return sum(r[0] for r in epochs.mapInArrow(feeder, "rows long").collect())
-        else:
-            feeder = make_train_feeder(cfg, arrow_input=False)
-
-            def action(times):
-                return sum(self.spark.repeat(data, times).mapPartitionsWithIndex(feeder).collect())
+        def action(times, epoch=-1):  # (rows sent, rows in the epoch or -1)
+            skip = resume.skip(epoch) if resume is not None else None
+            feeder = make_train_feeder(cfg, is_dataframe(data), epoch, skip)
+            if is_dataframe(data):
+                union = functools.reduce(lambda a, b: a.unionAll(b), [data] * times)
+                parts = [(r[0], r[1]) for r in union.mapInArrow(feeder, "rows long, size long").collect()]
+            else:
+                parts = self.spark.repeat(data, times).mapPartitionsWithIndex(feeder).collect()
+            size = -1 if any(n < 0 for _sent, n in parts) else sum(n for _sent, n in parts)
+            return sum(sent for sent, _n in parts), size
         t0 = time.monotonic()
         wall0 = time.time()
-        if epochs_done is None:
-            total = self.run(f"tfos feed {cfg.feed_id} ({num_epochs} epochs)", lambda: action(num_epochs))
+        if resume is None:
+            total = self.run(f"tfos feed {cfg.feed_id} ({num_epochs} epochs)", lambda: action(num_epochs))[0]
         else:
-            for e in range(num_epochs):
-                epochs_done.append(self.run(f"tfos feed {cfg.feed_id} (epoch {e + 1} of {num_epochs})",
-                                            lambda: action(1)))
-            total = sum(epochs_done)
+            resume.begin(cfg.feed_id, cfg.feed_nodes)
+            self.resuming = resume
+            total = 0
+            for k, e in enumerate(epochs):
+                # each epoch's job must end before the next starts: its own last partitions level
+                # the shares (a node run ahead on its host's chunks would wait at the gate for rows
+                # that only the next job could send elsewhere, and hold this job's last task)
+                self.scheduler.partitions[cfg.feed_id] = (k + 1) * partitions
+                sent, size = self.run(f"tfos feed {cfg.feed_id} (epoch {e + 1} of {num_epochs})",
+                                      lambda: action(1, e))
+                resume.epoch_fed(e, sent, size)
+                total += sent
         # the feed is complete: gates learn the totals, levelled to the row in a gated feed
         per_node = self.scheduler.take_rows(cfg.feed_id, level=bool(cfg.uneven), timeout=feed_timeout)
         totals = self.scheduler.totals(cfg.feed_id)
@@ -136,6 +150,16 @@ class FeedJobs:
         logger.info("tfos fed %d rows in %.1fs (%.0f rows/s); per node: %s", total, secs, total / max(secs, 1e-9),
                     per_node)
         return total
+
+    def resume(self, num_epochs: int) -> FeedResume:
+        """A new train() call's state across restarts."""
+        return FeedResume(num_epochs, self.positions)
+
+    def ready_to_restart(self, step: int) -> bool:
+        """A planned restart from the checkpoint at ``step`` may go: the running resumable feed (if
+        any) has every rank's position there, or its program reports none."""
+        resume = self.resuming
+        return resume is None or resume.ready(step)
 
     def _end_feed(self, cfg: M.FeedConfig, node: int, rows: int, totals=(), level: M.FeedLevel | None = None) -> None:
         if self.scheduler.finished_reading(node):

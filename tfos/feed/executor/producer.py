@@ -17,6 +17,7 @@ import threading
 
 import pyarrow as pa
 
+from tfos.data import positions
 from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, RequestRefused, TFOSError
 from tfos.wire import arrow
 from tfos.wire import messages as M
@@ -61,6 +62,27 @@ def arrow_to_chunks(batches, chunk_rows: int | None):
         step = chunk_rows or max(64, TARGET_CHUNK_BYTES // _row_bytes(b)) // ROW_MULTIPLE * ROW_MULTIPLE
         for off in range(0, b.num_rows, step):
             yield b.slice(off, step)
+
+
+class Positioned:
+    """Iterates ``(offset, batch)`` for every chunk of a partition (``offset``: its first row's in
+    the partition), leaving out the rows of ``skip`` (sorted, merged ranges: rows a checkpoint has
+    already trained on, :mod:`tfos.data.positions`); a chunk that spans a skipped range comes as
+    its parts, so every piece is one run of the partition's rows. ``rows``: the rows read so far."""
+
+    def __init__(self, chunks, skip=()):
+        self.chunks = chunks
+        self.skip = list(skip)
+        self.rows = 0
+
+    def __iter__(self):
+        for batch in self.chunks:
+            at, self.rows = self.rows, self.rows + batch.num_rows
+            if not self.skip:
+                yield at, batch
+                continue
+            for start, end in positions.subtract(at, self.rows, self.skip):
+                yield start, batch.slice(start - at, end - start)
 
 
 def _guard_retry(what: str) -> None:
@@ -122,15 +144,18 @@ class _Sender:
         if drift:
             raise FeedError(f"partition {self.partition}, row {self.rows_checked}: {drift}")
 
-    def send(self, node: int, batch: pa.RecordBatch, safe: int = 0) -> None:
+    def send(self, node: int, batch: pa.RecordBatch, safe: int = 0, at: tuple | None = None) -> None:
         """One piece to ``node``; in a gated feed, preceded by the driver's ``safe`` count when it
-        rose since this connection last carried it (the node's reader then need not ask)."""
+        rose since this connection last carried it (the node's reader then need not ask); in a
+        resumable feed, by where its rows come from (``at``: epoch, partition, offset)."""
         self.check(batch)
         client = self.client(node)
         try:
             if self.gated and safe > self.safe_sent.get(node, 0):
                 client.send_safe(safe)
                 self.safe_sent[node] = safe
+            if at is not None:
+                client.send_at(*at)
             client.send_batch(arrow.ipc_parts(batch))
         except socket.timeout:
             raise FeedTimeoutError(
@@ -187,15 +212,17 @@ class _Sender:
 
 
 def _send_pieces(sender: _Sender, driver: DriverClient, feed_id: str, batch: pa.RecordBatch, pieces,
-                 safe: int = 0) -> bool:
+                 safe: int = 0, at: tuple | None = None) -> bool:
     """Send a chunk in the pieces the driver chose, in order (with the feed's ``safe`` count as of
-    that assignment); a piece whose node finished reading meanwhile is placed again (the driver
-    says why if the node failed instead). False when no node reads any more."""
+    that assignment, and where the chunk's rows come from: ``at``); a piece whose node finished
+    reading meanwhile is placed again (the driver says why if the node failed instead). False
+    when no node reads any more."""
     pieces, offset = list(pieces), 0
     while pieces:
         node, rows = pieces.pop(0)
         try:
-            sender.send(node, batch if rows == batch.num_rows else batch.slice(offset, rows), safe)
+            sender.send(node, batch if rows == batch.num_rows else batch.slice(offset, rows), safe,
+                        None if at is None else (at[0], at[1], at[2] + offset))
         except _SendFailed as e:  # fine if that node ended its feed; else the driver says why
             sender.drop(e.node)
             try:
@@ -217,15 +244,20 @@ def _partition_id() -> int:
     return TaskContext.get().partitionId()
 
 
-def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
-    """mapPartitionsWithIndex function (RDD rows) or mapInArrow function (DataFrames)."""
+def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool, epoch: int = -1, skip: dict | None = None):
+    """mapPartitionsWithIndex function (RDD rows) or mapInArrow function (DataFrames); each task
+    gives (rows sent, rows in its partition or -1 when it stopped early). With ``epoch`` >= 0 (a
+    feed that may be resumed) every piece says where its rows come from, and the rows of
+    ``skip`` (``{partition: ranges}``) are left out: a checkpoint has them already."""
 
-    def feed(partition: int, iterator) -> int:
+    def feed(partition: int, iterator) -> tuple[int, int]:
         _guard_retry(f"feeding partition {partition}")
         chunks = arrow_to_chunks(iterator, cfg.chunk_rows) if arrow_input else \
             rows_to_chunks(iterator, partition, cfg.chunk_rows)
+        chunks = Positioned(chunks, (skip or {}).get(partition, ()))
         sender = _Sender(cfg, partition, train=True)
         driver = DriverClient.for_feed(cfg)
+        stopped = False
 
         def finished_reading(node):
             try:
@@ -237,7 +269,7 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
         total = 0
         try:
             with driver.session(timeout=60.0):
-                for batch in chunks:
+                for offset, batch in chunks:
                     if sender.schema is None:  # first chunk: the driver checks it against other partitions
                         try:
                             pieces, safe = driver.place_chunk(cfg.feed_id, batch.num_rows, partition=partition,
@@ -246,18 +278,27 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool):
                             raise FeedError(str(e)) from None
                     else:
                         pieces, safe = driver.place_chunk(cfg.feed_id, batch.num_rows)
-                    if not _send_pieces(sender, driver, cfg.feed_id, batch, pieces, safe):
+                    if not _send_pieces(sender, driver, cfg.feed_id, batch, pieces, safe,
+                                        (epoch, partition, offset) if epoch >= 0 else None):
+                        stopped = True
                         break  # every node terminated its feed: skip the rest of this partition
                     total += batch.num_rows
+                if sender.schema is None and not stopped:
+                    # nothing to send (an empty partition, or every row trained on already): the
+                    # driver counts it as started, so the feed's last wave still comes and levels
+                    # the shares (a local node run far ahead would wait at the gate for rows that
+                    # only this partition could have sent elsewhere)
+                    driver.place_chunk(cfg.feed_id, 0, partition=partition)
                 sender.finish(finished_reading)
         finally:
             sender.close()
-        return total
+        return total, -1 if stopped else chunks.rows
 
     if arrow_input:
         def feed_arrow(batches):
-            total = feed(_partition_id(), batches)
-            yield pa.RecordBatch.from_arrays([pa.array([total], pa.int64())], names=["rows"])
+            total, size = feed(_partition_id(), batches)
+            yield pa.RecordBatch.from_arrays([pa.array([total], pa.int64()), pa.array([size], pa.int64())],
+                                             names=["rows", "size"])
         return feed_arrow
 
     def feed_rows(partition, iterator):

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from tfos.errors import FeedError, TFOSError
-from tfos.feed.node.hub import Close, Data, End, FeedHub, Origin, Part
+from tfos.feed.node.hub import Close, Data, End, FeedHub, Origin, Part, shifted
 from tfos.data import uneven
 from tfos.wire import arrow
 from tfos.feed.node.gate import Gate, weighted
@@ -70,6 +70,8 @@ class DataFeed:
         self.closed = False  # the feed ended because the cluster is shutting down (no more train() calls)
         self._batch: pa.RecordBatch | None = None
         self._origin: Origin | None = None
+        self._at: tuple | None = None  # where the chunk at hand comes from, in a resumable train feed
+        self._feed_id = ""  # the feed of the chunk at hand
         self._offset = 0
         self._pending: collections.deque = collections.deque()  # [origin, rows awaiting results]
         # dataset() reads ahead on a tf.data thread while main_fun calls batch_results()
@@ -112,6 +114,7 @@ class DataFeed:
         """Take one queue item into the reader's state."""
         if isinstance(item, Data):
             self._batch, self._origin, self._offset = item.batch, item.origin, 0
+            self._at, self._feed_id = item.at, item.feed_id
             self._feed_rows[item.feed_id] += item.batch.num_rows
             if self._gate is None and self.train_mode and item.origin.train:
                 gated = item.origin.uneven if item.origin.ranks > 1 and self.hub.gate_client is not None else ""
@@ -175,21 +178,24 @@ class DataFeed:
                 have += item.batch.num_rows
             elif isinstance(item, Close):
                 break
-        pieces = ([("current", self._batch.slice(self._offset))] if self._batch is not None else []) + [
-            (k, item.batch) for k, item in enumerate(held) if isinstance(item, Data) and item.feed_id == g.feed_id]
+        current = Data(self._batch, self._origin, g.feed_id, self._at).slice(self._offset) \
+            if self._batch is not None else None
+        pieces = ([("current", current)] if current is not None else []) + [
+            (k, item) for k, item in enumerate(held) if isinstance(item, Data) and item.feed_id == g.feed_id]
         tail, need = [], out
-        for where, batch in reversed(pieces):  # the last rows, cut off the end
+        for where, piece in reversed(pieces):  # the last rows, cut off the end (each knows its origin)
             if need == 0:
                 break
-            cut = min(need, batch.num_rows)
-            tail.insert(0, batch.slice(batch.num_rows - cut))
+            rows = piece.batch.num_rows
+            cut = min(need, rows)
+            tail.insert(0, piece.slice(rows - cut))
             need -= cut
-            keep = batch.slice(0, batch.num_rows - cut)
+            keep = piece.slice(0, rows - cut)
             if where == "current":
                 self._feed_rows[g.feed_id] -= cut
-                self._batch, self._offset = (keep, 0) if keep.num_rows else (None, 0)
+                self._batch, self._at, self._offset = (keep.batch, keep.at, 0) if rows > cut else (None, None, 0)
             else:
-                held[where] = Data(keep, held[where].origin, g.feed_id) if keep.num_rows else None
+                held[where] = keep if rows > cut else None
         if need:
             raise FeedError(f"feed {g.feed_id}: this node holds {out - need} unread rows but must send {out} to "
                             "level the shares")
@@ -267,6 +273,8 @@ class DataFeed:
                 continue
             take = min(n - got, self._batch.num_rows - self._offset)
             out.append(self._batch.slice(self._offset, take))
+            if self._at is not None:  # a resumable train feed: where the main_fun's rows came from
+                self.hub.consumed(self._feed_id, shifted(self._at, self._offset), take)
             if not self._origin.train:
                 with self._pending_lock:
                     if self._pending and self._pending[-1][0] is self._origin:

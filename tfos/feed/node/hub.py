@@ -9,12 +9,14 @@ backpressure). Inference results go back on the connection their rows came from.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass
 
+from tfos.data import positions
 from tfos.errors import FeedError, ProtocolError, TFOSError
 from tfos.wire import arrow
 from tfos.wire import messages as M
@@ -29,11 +31,24 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Data:
-    """Rows of a feed: an Arrow record batch, the connection it came on, the feed it belongs to."""
+    """Rows of a feed: an Arrow record batch, the connection it came on, the feed it belongs to;
+    ``at``: where its first row comes from, ``(epoch, partition, offset)``, in a feed that may be
+    resumed (:mod:`tfos.data.positions`; None otherwise)."""
 
     batch: object  # pyarrow.RecordBatch
     origin: "Origin"
     feed_id: str
+    at: tuple | None = None
+
+    def slice(self, start: int, rows: int | None = None) -> "Data":
+        """These rows from ``start`` (``rows`` of them, or to the end), still knowing where they came from."""
+        rows = self.batch.num_rows - start if rows is None else rows
+        return Data(self.batch.slice(start, rows), self.origin, self.feed_id, shifted(self.at, start))
+
+
+def shifted(at: tuple | None, rows: int) -> tuple | None:
+    """``at`` (epoch, partition, offset) ``rows`` rows on."""
+    return None if at is None else (at[0], at[1], at[2] + rows)
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,8 @@ class Origin:
 
 #: feeds whose safe counts a queue keeps (the oldest is forgotten first)
 KEEP_SAFE = 16
+#: train feeds whose consumed rows a hub keeps for ``ctx.checkpoint_saved`` (the oldest is forgotten first)
+KEEP_POSITIONS = 4
 
 
 class FeedQueue:
@@ -155,6 +172,8 @@ class FeedHub:
         self.key = key  # the cluster's: levelling a feed sends rows to other nodes' hubs with it
         self._senders: list[threading.Thread] = []  # levelling sends, joined at close()
         self.send_error: BaseException | None = None  # the first levelling send that failed
+        # rows handed to main_fun per resumable train feed (tfos.data.positions), for ctx.checkpoint_saved
+        self._consumed: collections.OrderedDict = collections.OrderedDict()
         self._listener = Listener(key, self._serve, "feed-hub")
         self.port = self._listener.port
 
@@ -168,10 +187,43 @@ class FeedHub:
         self._listener.start()
         return self
 
+    def consumed(self, feed_id: str, at: tuple, rows: int) -> None:
+        """The reader handed ``rows`` rows from ``at`` (epoch, partition, offset) of ``feed_id`` to
+        main_fun: appended to the feed's log of runs in hand-out order (a run that continues the
+        last one extends it)."""
+        with self._lock:
+            log = self._consumed.get(feed_id)
+            if log is None:
+                log = self._consumed[feed_id] = []
+                while len(self._consumed) > KEEP_POSITIONS:
+                    self._consumed.popitem(last=False)
+            if log and log[-1][:2] == [at[0], at[1]] and log[-1][3] == at[2]:
+                log[-1][3] += rows
+            else:
+                log.append([at[0], at[1], at[2], at[2] + rows])
+
+    def position(self, rows: int | None = None) -> tuple[str, tuple] | None:
+        """The newest resumable train feed's first ``rows`` rows handed to main_fun (all of them
+        when None), as on the wire (``M.FeedPosition``): ``(feed_id, ranges)``; None before any."""
+        with self._lock:
+            if not self._consumed:
+                return None
+            feed_id = next(reversed(self._consumed))
+            log = [list(run) for run in self._consumed[feed_id]]
+        position, left = {}, float("inf") if rows is None else max(0, int(rows))
+        for epoch, partition, start, end in log:
+            take = min(end - start, left)
+            positions.record(position, epoch, partition, start, take)
+            left -= take
+            if not left:
+                break
+        return feed_id, positions.to_wire(position)
+
     def send_rows(self, feed_id: str, qname: str, policy: str, ranks: int, level: M.FeedLevel, tail: list) -> None:
-        """Send ``tail`` (record batches, cut off the end of this node's share) to the nodes of
-        ``level.give``, each its count in order, as a feeding task would (channel D, partition -1),
-        on a thread of its own: the receiving queue may be full until its reader steps on."""
+        """Send ``tail`` (``Data`` items, cut off the end of this node's share) to the nodes of
+        ``level.give``, each its count in order, as a feeding task would (channel D, partition -1,
+        each piece's origin in a resumable feed), on a thread of its own: the receiving queue may
+        be full until its reader steps on."""
         def send():
             rest = list(tail)
             try:
@@ -181,11 +233,13 @@ class FeedHub:
                         client.begin(feed_id, qname, -1, True, policy, ranks)
                         left = count
                         while left:
-                            part = rest[0].slice(0, min(left, rest[0].num_rows))
-                            client.send_batch(arrow.ipc_parts(part))
-                            left -= part.num_rows
-                            rest[0] = rest[0].slice(part.num_rows)
-                            if not rest[0].num_rows:
+                            part = rest[0].slice(0, min(left, rest[0].batch.num_rows))
+                            if part.at is not None:
+                                client.send_at(*part.at)
+                            client.send_batch(arrow.ipc_parts(part.batch))
+                            left -= part.batch.num_rows
+                            rest[0] = rest[0].slice(part.batch.num_rows)
+                            if not rest[0].batch.num_rows:
                                 rest.pop(0)
                         client.end_partition(count)
                         client.next_reply()
@@ -228,7 +282,7 @@ class FeedHub:
     def _on_feed(self, ch: Channel, begin: M.FeedBegin) -> None:
         q = self.queue(begin.qname)
         origin = Origin(ch, begin.train, begin.uneven, begin.ranks)
-        rows = 0
+        rows, at = 0, None
         while True:
             kind, value = ch.recv_frame()
             if kind == KIND_ARROW:
@@ -237,7 +291,13 @@ class FeedHub:
                 rows += batch.num_rows
                 self.bytes_received += len(value)
                 if batch.num_rows:
-                    q.put(Data(batch, origin, begin.feed_id), self._stop)
+                    q.put(Data(batch, origin, begin.feed_id, at), self._stop)
+                at = None
+                continue
+            if isinstance(value, M.FeedAt):
+                if not begin.train or min(value.epoch, value.offset) < 0 or value.partition < 0:
+                    raise ProtocolError(f"{value} in an inference feed or below 0")
+                at = (value.epoch, value.partition, value.offset)
                 continue
             if isinstance(value, M.FeedSafe):
                 if not (begin.train and begin.uneven) or value.safe < 0:

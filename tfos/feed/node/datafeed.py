@@ -3,9 +3,9 @@
 TensorFlowOnSpark-compatible ``next_batch``/``should_stop``/``batch_results``/``terminate``, plus
 fast numpy (``batches``) and tf.data (``dataset``) paths built straight from the Arrow buffers.
 
-One module past 450 lines (about 485): the reader's state (the chunk at hand and its offset, the
+One module past 450 lines (about 500): the reader's state (the chunk at hand and its offset, the
 items read ahead, the gate, the rows levelled in or out) is read and changed by the core reader,
-the levelling at a feed's end (``_hand_off``, ``_end``) and the fast paths alike. The seam is
+the levelling at a feed's end (``_hand_off``, ``_end``), the feed position (``_at``) and the fast paths alike. The seam is
 the fast paths (``_blocks``/``_stacked``/``dataset``, about 130 lines), which only call
 ``_take``; moving them out is the next split, not made here because ``_blocks`` reaches into the
 chunk at hand to take whole batches without a copy.

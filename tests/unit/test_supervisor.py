@@ -303,6 +303,28 @@ def test_a_node_told_to_go_every_rank_saves_at_one_step_and_the_cluster_goes_on_
     assert cluster.restarts == [] and cluster.attempt == 1 and len(cluster.roles) == 2
 
 
+def test_a_node_told_to_go_saves_where_tfs_preemption_handler_agrees_and_the_cluster_goes_on():
+    """The ranks' SavePoints hand the round to TF's PreemptionCheckpointHandler (on_round: tf_keras'
+    save_before_preemption) instead of agreeing on a step through the driver: each proposes 0, only
+    rank 0 hears of the round, every node saves at the step agreed (as TF's coordination service
+    would), and rank 0's checkpoint_saved there lets the loop go on without the evicted node."""
+    spark = FakeSpark(3, lambda i, attempt: Does.HANDLER_SAVES if attempt == 0 else Does.FINISH)
+    cluster = TFCluster.reserve(spark, 3, min_executors=2, **dict(FAST, size_wait=0.2, grow_interval=None,
+                                                                  eviction_grace=20))
+    cluster.start(main_fun)
+    time.sleep(0.5)
+    spark.evict(1, 0)
+    assert wait_for(lambda: cluster.evictions, 20), "no save"
+    spark.slots = 2
+    cluster.shutdown(timeout=60)
+    first = [n for n in spark.nodes if n.cluster.attempt == 0]
+    saved = [n.saved for n in first]
+    assert saved[0] and all(s == saved[0] for s in saved), saved  # one step on every rank
+    assert all(n.steps == saved[0][0] for n in first), [n.steps for n in first]  # none went past it
+    assert [(e.nodes, e.step) for e in cluster.evictions] == [((1,), saved[0][0])], cluster.evictions
+    assert cluster.restarts == [] and cluster.attempt == 1 and len(cluster.roles) == 2
+
+
 def test_an_eviction_notice_is_declined_when_a_rank_does_not_ask_should_checkpoint():
     """Node 1's program never asks should_checkpoint: the notice is declined (nothing to wait for),
     the agent stops at once, and the failure restarts the cluster as before."""

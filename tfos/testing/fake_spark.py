@@ -44,6 +44,19 @@ class Does(enum.Enum):
     SAVES = ("a step every 0.05 s, each followed by ctx.should_checkpoint(step) (the TF process's own SavePoint); "
              "node 0 says ctx.checkpoint_saved(step) after each save; FakeSpark.evict(i) tells the driver that "
              "node i must go, as its agent would")
+    HANDLER_SAVES = ("as SAVES, but the step is agreed as TF's PreemptionCheckpointHandler does (the SavePoint's "
+                     "on_round): every node saves at the step after rank 0 heard of the round, then says "
+                     "ctx.checkpoint_saved and waits for the stop")
+
+
+class _Agreement(threading.Event):
+    """Does.HANDLER_SAVES: what TF's coordination service agrees on (rank 0 heard of a round, and
+    the step every node saves at)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.step = -1
 
 
 class FakeNode(threading.Thread):
@@ -58,6 +71,7 @@ class FakeNode(threading.Thread):
         self.run_secs = run_secs
         self.cancelled = cancelled
         self.evict = evict or threading.Event()  # set: this node's agent was told to go
+        self.handler_heard = _Agreement()  # Does.HANDLER_SAVES: shared by the attempt's nodes
         self.executor_gone = False  # the notice says its executor ended already (FakeSpark.evict)
         self.saved: list[int] = []  # the steps this node saved at (Does.SAVES)
         self.steps = 0  # the steps it made (Does.SAVES)
@@ -103,7 +117,7 @@ class FakeNode(threading.Thread):
                     return -15, "", True, True
                 if self.index == 0:
                     client.checkpoint_saved(step)
-        if self.does is Does.SAVES:
+        if self.does in (Does.SAVES, Does.HANDLER_SAVES):
             return self._saves(client, long)
         end = time.monotonic() + (long if self.does in (Does.HANG, Does.STALL) else self.run_secs)
         if stop or self._heartbeat_until(client, end):
@@ -121,8 +135,12 @@ class FakeNode(threading.Thread):
 
         c = self.cluster
         stopped, declined = threading.Event(), threading.Event()
+        handler = self.does is Does.HANDLER_SAVES
+        heard = self.handler_heard  # shared by the attempt's nodes, as TF's coordination service is
         point = SavePoint(DriverClient(c.driver_host, c.driver_port, c.key, c.cluster_id, self.index),
-                          c.eviction_grace)
+                          c.eviction_grace, on_round=(lambda _r: self.index == 0 and heard.set()) if handler else None)
+        if handler:
+            point.start()
 
         def agent():
             told = False
@@ -146,7 +164,17 @@ class FakeNode(threading.Thread):
             while not stopped.is_set() and time.monotonic() < end:
                 time.sleep(0.05)
                 self.steps += 1
-                if point.check(self.steps):
+                if handler:
+                    with heard.lock:  # rank 0 heard of the round: every node saves at the step after
+                        if heard.is_set() and heard.step < 0 and self.index == 0:
+                            heard.step = self.steps + 10  # the fake nodes' steps are not in lockstep
+                        due = 0 <= heard.step <= self.steps and not self.saved
+                    if due and point.saved_by_handler():
+                        self.saved.append(self.steps)
+                        if self.index == 0:
+                            client.checkpoint_saved(self.steps)
+                        point.after_save(self.steps)
+                elif point.check(self.steps):
                     self.saved.append(self.steps)
                     if self.index == 0:
                         client.checkpoint_saved(self.steps)
@@ -260,6 +288,9 @@ class FakeSpark:
                 evict = [self._evict.setdefault((i, cluster.attempt), threading.Event()) for i in range(n)]
             nodes = [FakeNode(cluster, i, self.behaviour(i, cluster.attempt), secs(i), cancelled, evict[i])
                      for i in range(n)]
+            heard = _Agreement()
+            for node in nodes:
+                node.handler_heard = heard
             with self._lock:
                 self.started += [(i, cluster.attempt) for i in range(n)]
                 self.nodes += nodes

@@ -166,11 +166,16 @@ class NodeContext:
             if self.rank is None:
                 raise ConfigError(f"should_checkpoint is for the training ranks (chief and workers), not "
                                   f"{self.job_name}")
-            from tfos.cluster.node.saving import SavePoint
-            from tfos.wire.clients import DriverClient
-
-            self._save_point = SavePoint(DriverClient.for_node(self._cfg), self._cfg.cluster.eviction_grace)
+            self._save_point = self._new_save_point()
         return self._save_point.check(step)
+
+    def _new_save_point(self, on_round=None):
+        """This rank's place in the driver's save rounds, with a driver connection of its own
+        (``on_round``: TF's preemption handler agrees on the step, :mod:`tfos.cluster.node.preemption`)."""
+        from tfos.cluster.node.saving import SavePoint
+        from tfos.wire.clients import DriverClient
+
+        return SavePoint(DriverClient.for_node(self._cfg), self._cfg.cluster.eviction_grace, on_round)
 
     def send_result(self, value) -> None:
         """Hand ``value`` to the driver as this node's result (``cluster.results``; TFDistributor

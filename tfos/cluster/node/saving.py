@@ -12,6 +12,11 @@ step is done that the checkpoint lacks.
 
 The poll thread starts at the first ``should_checkpoint`` call: a program that never calls it
 costs nothing, and the driver then knows not to wait for a save.
+
+With TF's own ``PreemptionCheckpointHandler`` (tf_keras' ``BackupAndRestore(save_before_preemption=
+True)``, :mod:`tfos.cluster.node.preemption`) the step is agreed by TF instead: the poll thread
+starts at once, proposes 0 (any step of the handler's suits the driver) and hands each new round
+to ``on_round``.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ RETRY_SECS = 1.0
 class SavePoint:
     """This rank's place in the driver's save rounds (``ctx.should_checkpoint``)."""
 
-    def __init__(self, client, grace: float):
+    def __init__(self, client, grace: float, on_round=None):
         self._client = client  # a DriverClient of its own (the poll thread holds it between calls)
         self._grace = grace  # eviction_grace: how long a rank waits at its proposal or after a save
+        self._on_round = on_round  # TF's handler agrees on the step: called (poll thread) as a round opens
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -45,13 +51,18 @@ class SavePoint:
         self.target = -1  # the round's target, once the driver knows it
         self.saved_round = 0  # the round whose target this rank reached (it saved there)
 
-    def check(self, step: int) -> bool:
-        """``ctx.should_checkpoint(step)``: True when every rank checkpoints at ``step`` now."""
-        step = int(step)
+    def start(self) -> None:
+        """Start polling the driver (this rank can save: the driver counts it among the savers)."""
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._poll, name="tfos-save-poll", daemon=True)
                 self._thread.start()
+
+    def check(self, step: int) -> bool:
+        """``ctx.should_checkpoint(step)``: True when every rank checkpoints at ``step`` now."""
+        step = int(step)
+        self.start()
+        with self._cond:
             self.last = step
             if self.saved_round and self.saved_round == self.round:
                 self._wait_for_stop(step)  # saved for an eviction: the driver stops this process
@@ -66,6 +77,15 @@ class SavePoint:
                                step, self.round)
                 return True
             return False
+
+    def saved_by_handler(self) -> bool:
+        """TF's handler saved for the current round: wait for the stop in ``after_save``. False
+        when no round is open (it saved for a notice tfos did not give)."""
+        with self._cond:
+            if not self.round:
+                return False
+            self.saved_round = self.round
+            return True
 
     def after_save(self, step: int) -> None:
         """``ctx.checkpoint_saved(step)``: after a save for an eviction, wait for the driver's stop
@@ -109,16 +129,25 @@ class SavePoint:
                 if self._stop.wait(RETRY_SECS):
                     return
                 continue
+            opened = 0
             with self._cond:
                 if reply.round != self.round:  # a new round (or none any more): propose the next step
                     self.round, self.target = reply.round, -1
-                    self.proposal = self.last + 1 if reply.round else -1
-                    if reply.round:
+                    if not reply.round:
+                        self.proposal = -1
+                    elif self._on_round is not None:
+                        self.proposal, opened = 0, reply.round
+                        logger.warning("tfos: a node of the cluster must go: TF's preemption handler saves "
+                                       "(save round %d)", reply.round)
+                    else:
+                        self.proposal = self.last + 1
                         logger.warning("tfos: a node of the cluster must go: this rank proposes to checkpoint at "
                                        "step %d (save round %d)", self.proposal, reply.round)
                 if reply.round and reply.target >= 0:
                     self.target = reply.target
                 self._cond.notify_all()
+            if opened:
+                self._on_round(opened)
 
     def close(self) -> None:
         self._stop.set()

@@ -66,9 +66,24 @@ def save_before_eviction(ctx, backup, keras_module=None):
     this save (docs/elastic.md). ``backup``: the fit's ``tfos.keras_dist.BackupAndRestore`` (or
     Keras' own ``BackupAndRestore``), whose backup is written then, or any ``save(step)`` callable.
     Keras restores such a backup at the start of the epoch it was in: that epoch's batches before
-    the save are fed again, on the saved weights and optimizer step."""
+    the save are fed again, on the saved weights and optimizer step.
+
+    tf_keras' ``BackupAndRestore(save_before_preemption=True)`` (under MultiWorkerMirroredStrategy):
+    TF's PreemptionCheckpointHandler agrees on the step and saves instead, driven by tfos's notice
+    (:mod:`tfos.cluster.node.preemption`); tf_keras resumes at the batch after that save. Put this
+    callback after ``backup`` in ``callbacks=[...]``."""
     if keras_module is None:
-        import keras as keras_module
+        if type(backup).__module__.startswith("tf_keras"):
+            import tf_keras as keras_module
+        else:
+            import keras as keras_module
+    if getattr(backup, "save_before_preemption", False):
+        return _save_before_preemption(ctx, backup, keras_module)
+    if type(backup).__module__.startswith("tf_keras"):
+        from tfos.errors import ConfigError
+
+        raise ConfigError("with tf_keras's BackupAndRestore, pass save_before_preemption=True: tf_keras restores "
+                          "a backup made mid-epoch at the epoch after it unless it counts batches")
     save = backup if callable(backup) and not hasattr(backup, "_save_model") else (lambda step: backup._save_model())
 
     class SaveBeforeEviction(keras_module.callbacks.Callback):
@@ -81,6 +96,28 @@ def save_before_eviction(ctx, backup, keras_module=None):
                 ctx.checkpoint_saved(step)
 
     return SaveBeforeEviction()
+
+
+def _save_before_preemption(ctx, backup, keras_module):
+    from tfos.cluster.node.preemption import PreemptionBridge
+
+    class SaveBeforePreemption(keras_module.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.bridge = None
+
+        def on_train_begin(self, logs=None):
+            self.bridge = PreemptionBridge(ctx, lambda: self.model.optimizer.iterations.numpy())
+            self.bridge.attach(self.model, backup)
+
+        def on_train_batch_end(self, batch, logs=None):
+            pass  # so that tf_keras calls batch hooks: TF's handler checks in backup's after every batch
+
+        def on_train_end(self, logs=None):
+            if self.bridge is not None:
+                self.bridge.close()
+
+    return SaveBeforePreemption()
 
 
 def _numbers(logs) -> dict[str, float]:

@@ -10,8 +10,9 @@
 
 Each epoch is backed up in ctx.checkpoint_dir (``BackupAndRestore``); after a node failure with
 ``--max-restarts``, every node starts again and ``fit`` resumes at the epoch after the last backup.
-With Keras 3, a node told to go (an eviction notice) makes every rank back up at the same step
-first (``tfos.callbacks.save_before_eviction``), and ``fit`` resumes in that epoch.
+A node told to go (an eviction notice) makes every rank back up at the same step first
+(``tfos.callbacks.save_before_eviction``): with Keras 3 ``fit`` resumes in that epoch, with tf_keras
+(``BackupAndRestore(save_before_preemption=True)``, TF's own handler) at the batch after it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main_fun(args, ctx):
 
     backup_dir = ctx.checkpoint_dir  # a local stand-in when checkpoint_dir is on hdfs://
     epochs_run = []  # the epochs this attempt trained (a restart resumes after the last backup)
+    first_step = []  # the optimizer's step count this attempt started from (restored)
 
     files = sorted(glob.glob(os.path.join(args.data_dir, "train-*.csv")))
     x, y = digits_tf.load_csv(files[ctx.rank::ctx.num_workers])
@@ -56,7 +58,9 @@ def main_fun(args, ctx):
                   callbacks=[backup, keras_dist.BroadcastInitialWeights(0),
                              keras_dist.MetricAverageCallback(), callbacks.progress(ctx, keras_module=keras),
                              callbacks.save_before_eviction(ctx, backup),  # a node told to go: save first
-                             keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, _logs: epochs_run.append(e))])
+                             keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, _logs: epochs_run.append(e),
+                                                            on_train_begin=lambda _logs: first_step.append(
+                                                                int(model.optimizer.iterations.numpy())))])
     else:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
         import tensorflow as tf
@@ -72,16 +76,21 @@ def main_fun(args, ctx):
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=0).batch(args.batch_size).with_options(options)
+        # save_before_preemption: a node told to go makes every rank save at one step (TF's
+        # PreemptionCheckpointHandler, driven by tfos's notice), and fit resumes at the batch after it
+        backup = tf.keras.callbacks.BackupAndRestore(backup_dir.replace("file://", "", 1), save_before_preemption=True)
         model.fit(ds, epochs=args.epochs, verbose=0,
-                  callbacks=[tf.keras.callbacks.BackupAndRestore(backup_dir.replace("file://", "", 1)),
-                             callbacks.progress(ctx),
-                             tf.keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, _logs: epochs_run.append(e))])
+                  callbacks=[backup, callbacks.save_before_eviction(ctx, backup), callbacks.progress(ctx),
+                             tf.keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, _logs: epochs_run.append(e),
+                                                               on_train_begin=lambda _logs: first_step.append(
+                                                                   int(model.optimizer.iterations.numpy())))])
     xt, yt = digits_tf.load_csv([os.path.join(args.data_dir, "test.csv")])
     acc = float(np.mean(np.argmax(model.predict(xt, verbose=0), axis=1) == yt))
     np.savez(os.path.join(args.output_dir, f"weights-rank{ctx.rank}.npz"), *model.get_weights())
     if ctx.is_chief:
         with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-            json.dump({"accuracy": acc, "attempt": ctx.attempt, "epochs_run": epochs_run}, f)
+            json.dump({"accuracy": acc, "attempt": ctx.attempt, "epochs_run": epochs_run, "first_step": first_step[0]},
+                      f)
 
 
 def main(argv=None, spark=None) -> float:

@@ -50,6 +50,7 @@ def main_fun(args, ctx):
         if manager is not None:
             ckpt.epoch.assign(epoch + 1)
             manager.save()
+            ctx.checkpoint_saved(epoch + 1)  # a safe point: a smaller cluster grows back here
 
     from tfos import callbacks
 

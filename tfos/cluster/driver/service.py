@@ -11,6 +11,7 @@ import logging
 
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.errors import ChannelClosed, ConfigError, ProtocolError
+from tfos.host import limits
 from tfos.wire import messages as M
 from tfos.wire.channel import Channel
 from tfos.wire.listener import Listener
@@ -90,7 +91,9 @@ class ControlService:
 
 
 def listen(registry: NodeRegistry, handlers: dict, key: M.ChannelKey, address) -> "ControlService":
-    """The started control service, on the first free port of ``address.ports``."""
+    """The started control service, on the first free port of ``address.ports``. First the open-file
+    limit is raised for the cluster's nodes (ConfigError naming ``ulimit -n`` when it cannot be)."""
+    limits.ensure_open_files(len(registry.roles))
     ports = address.ports or (address.port,)
     error: OSError | None = None
     for port in ports:

@@ -1,7 +1,8 @@
 """Run an unchanged TF script as a node's program (``TFCluster.run_script``; TF process).
 
 The script is the program a user already runs on a plain multi-worker setup: it reads
-``TF_CONFIG`` (set by tfos before this runs, ports released) and is started as a child of the TF
+``TF_CONFIG`` (set by tfos before this runs, ports released; past exec's 128 KiB limit for one
+environment string, the script is started through a launcher that sets it from a file) and is started as a child of the TF
 process, ``python -u <script> <argv>`` in the executor's working directory. Its output goes line
 by line into the node's log; a non-zero exit raises :class:`~tfos.errors.ScriptError` with the
 exit code and the last lines, which the driver shows in its NodeFailedError. The child dies with
@@ -41,9 +42,28 @@ class Script:
     siblings: tuple = ()
 
 
-def script_command(python: str, path: str, argv) -> list[str]:
-    """Pure: the child's command line."""
+#: Linux refuses to exec with one environment string longer than this (MAX_ARG_STRLEN, E2BIG):
+#: a TF_CONFIG naming thousands of hosts. Past it the script gets TF_CONFIG from a file (LAUNCHER).
+ENV_STRING_MAX = 128 * 1024 - 1
+
+#: ``python -c LAUNCHER <tf_config file> <script> <argv>``: sets TF_CONFIG from the file, then runs
+#: the script as ``python <script> <argv>`` would (its folder first on sys.path, its argv, __main__).
+LAUNCHER = ("import os, runpy, sys; f, script = sys.argv[1], sys.argv[2]; "
+            "os.environ['TF_CONFIG'] = open(f, encoding='utf-8').read(); "
+            "sys.argv = sys.argv[2:]; sys.path[0] = os.path.dirname(os.path.abspath(script)); "
+            "runpy.run_path(script, run_name='__main__')")
+
+
+def script_command(python: str, path: str, argv, tf_config_file: str | None = None) -> list[str]:
+    """Pure: the child's command line (through LAUNCHER when TF_CONFIG comes from a file)."""
+    if tf_config_file:
+        return [python, "-u", "-c", LAUNCHER, tf_config_file, path, *map(str, argv)]
     return [python, "-u", path, *map(str, argv)]
+
+
+def needs_file(name: str, value: str) -> bool:
+    """Pure: True when ``name=value`` is too long for one environment string of exec."""
+    return len(name.encode()) + 1 + len(value.encode()) > ENV_STRING_MAX
 
 
 def run_script(script: Script, ctx) -> None:
@@ -54,10 +74,15 @@ def run_script(script: Script, ctx) -> None:
         private.write_private_file(os.path.join(folder, os.path.basename(name)), source)
     path = os.path.join(folder, os.path.basename(script.name) or "main.py")
     private.write_private_file(path, script.source)
-    cmd = script_command(sys.executable, path, script.argv)
-    logger.info("node %d (%s:%d) runs %s", ctx.node_index, ctx.job_name, ctx.task_index, " ".join(cmd))
+    env, config_file = dict(os.environ), None
+    if needs_file("TF_CONFIG", env.get("TF_CONFIG", "")):  # a cluster of thousands of hosts
+        config_file = os.path.join(folder, "tf_config.json")
+        private.write_private_file(config_file, env.pop("TF_CONFIG").encode())
+    cmd = script_command(sys.executable, path, script.argv, config_file)
+    logger.info("node %d (%s:%d) runs %s", ctx.node_index, ctx.job_name, ctx.task_index,
+                " ".join(cmd) if config_file is None else f"{path} (TF_CONFIG from {config_file})")
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
-    proc = subprocess.Popen(cmd, cwd=ctx.working_dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=ctx.working_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
                             preexec_fn=lambda: processes.die_with_parent(signal.SIGTERM), start_new_session=True)
     try:

@@ -59,24 +59,80 @@ def where(dump: str) -> str:
     return text
 
 
+#: log tails in a report: of the first nodes of each distinct stack, at most this many nodes
+MAX_TAILS = 16
+#: a group of nodes named one by one up to this many; more are named by their indices
+GROUP_LABELS = 4
+#: the report is cut here (a cluster of thousands of distinct stacks): it stays under 1 MB
+MAX_REPORT_CHARS = 900_000
+_THREAD_ID = re.compile(r"0x[0-9a-fA-F]+")
+_NODE = re.compile(r"^node (\d+) ")
+
+
 def stall_message(secs: float | None, nodes: list[tuple[str, str, str]]) -> str:
     """Pure: the StallError's text (``secs`` without progress), or with ``secs`` None the report of
     ``cluster.dump_stacks()``. ``nodes``: ``(label, stack dump, log tail)`` per node, e.g.
-    ``("node 1 (worker:0 on h1)", ...)``."""
+    ``("node 1 (worker:0 on h1)", ...)``. Up to MAX_TAILS nodes: a line, stacks and log tail per
+    node. More: nodes that stand at the same place share one line, identical stacks (thread ids
+    aside) are shown once for all their nodes, log tails of MAX_TAILS nodes (the first of each
+    distinct stack first). At most MAX_REPORT_CHARS in all."""
     lines = [f"no training rank made progress for {secs:.0f}s while every process was alive (stall_timeout; "
              "reserve(..., stall_timeout=None) turns the watchdog off). Where each rank stands:" if secs is not None
              else "Where each rank stands:"]
-    lines += [f"  {label}: {where(dump)}" for label, dump, _ in nodes]
+    small = len(nodes) <= MAX_TAILS  # a line and a stack per node, as they are
+    if small:
+        lines += [f"  {label}: {where(dump)}" for label, dump, _ in nodes]
+    else:
+        lines += [f"  {group_label(labels)}: {phrase}"
+                  for phrase, labels in _grouped((where(dump), label) for label, dump, _ in nodes)]
     if secs is not None:
         lines.append("A rank waiting in a collective waits for a rank that is not there: one that stopped (a sleep, "
                      "a deadlock, a longer loop) or ran out of data. Every rank's stacks and last log lines follow.")
-    for label, dump, tail in nodes:
-        lines.append(f"--- {label}: stacks (most recent call first) ---")
-        lines.append(dump.strip() or "(none)")
-        if tail.strip():
-            lines.append(f"--- {label}: last log lines ---")
-            lines.append(tail.rstrip())
-    return "\n".join(lines)
+    stacks = [(dump.strip() or "(none)", [label]) for label, dump, _ in nodes] if small else \
+        _grouped((_THREAD_ID.sub("0x...", dump.strip()) or "(none)", label) for label, dump, _ in nodes)
+    tails = dict((label, tail) for label, _, tail in nodes)
+    shown = [labels[0] for _, labels in stacks] + [label for label, _, _ in nodes]
+    shown = [label for i, label in enumerate(shown) if label not in shown[:i] and tails[label].strip()][:MAX_TAILS]
+    for dump, labels in stacks:
+        lines.append(f"--- {group_label(labels)}: stacks (most recent call first) ---")
+        lines.append(dump)
+        for label in labels:
+            if label in shown:
+                lines.append(f"--- {label}: last log lines ---")
+                lines.append(tails[label].rstrip())
+    left = sum(1 for label, _, tail in nodes if tail.strip() and label not in shown)
+    if left:
+        lines.append(f"(the last log lines of {left} more node(s) are in their node logs)")
+    text = "\n".join(lines)
+    if len(text) > MAX_REPORT_CHARS:
+        text = text[:MAX_REPORT_CHARS] + (f"\n... (the report is cut at {MAX_REPORT_CHARS} characters; "
+                                          "cluster.dump_stacks() gives every node's stacks)")
+    return text
+
+
+def group_label(labels: list[str]) -> str:
+    """Pure: how a report names a group of nodes: each label up to GROUP_LABELS of them, else the
+    node indices as ranges (``nodes 0, 2-7 (7 nodes, e.g. node 0 (chief:0 on h0))``)."""
+    if len(labels) <= GROUP_LABELS:
+        return ", ".join(labels)
+    found = [_NODE.match(label) for label in labels]
+    if not all(found):
+        return ", ".join(labels[:GROUP_LABELS]) + f" and {len(labels) - GROUP_LABELS} more"
+    indexes = sorted(int(m.group(1)) for m in found)
+    spans, start = [], indexes[0]
+    for prev, cur in zip(indexes, indexes[1:] + [None]):
+        if cur != prev + 1:
+            spans.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return f"nodes {', '.join(spans)} ({len(labels)} nodes, e.g. {labels[0]})"
+
+
+def _grouped(pairs) -> list[tuple[str, list[str]]]:
+    """``(key, label)`` pairs as ``[(key, [labels])]`` in the order keys first appear."""
+    groups: dict[str, list[str]] = {}
+    for key, label in pairs:
+        groups.setdefault(key, []).append(label)
+    return list(groups.items())
 
 
 def _library(path: str) -> bool:

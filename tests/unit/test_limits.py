@@ -44,3 +44,9 @@ def test_ensure_open_files_raises_the_soft_limit_and_names_ulimit_when_it_cannot
                 limits.ensure_open_files(hard)  # 4 per node: more than the hard limit allows
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("nodes,expected", [(2, (4096, 64)), (512, (4096, 512)), (2048, (8448, 2048)),
+                                            (100_000, (400_256, 65535))])
+def test_listener_sizes_follow_the_nodes(nodes, expected):
+    assert limits.listener_sizes(nodes) == expected

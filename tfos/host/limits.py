@@ -27,6 +27,13 @@ def files_needed(num_nodes: int) -> int:
     return BASE_FILES + FILES_PER_NODE * max(0, num_nodes)
 
 
+def listener_sizes(num_nodes: int) -> tuple[int, int]:
+    """Pure: ``(max connections, listen backlog)`` of the control service for ``num_nodes`` nodes:
+    room for every connection a node may hold at once (:func:`files_needed`), at least 4,096, and a
+    backlog that lets every node connect at the same instant (the kernel caps it at somaxconn)."""
+    return max(4096, files_needed(num_nodes)), max(64, min(65535, num_nodes))
+
+
 def plan_open_files(soft: int, hard: int, needed: int, unlimited: int) -> tuple[int | None, str | None]:
     """Pure: ``(soft limit to set or None to keep it, error or None)`` for ``needed`` descriptors,
     with the current ``soft`` and ``hard`` limits (``unlimited``: RLIM_INFINITY). The soft limit

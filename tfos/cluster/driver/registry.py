@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 #: Bound on timeline events kept per node on the driver.
 MAX_EVENTS_PER_NODE = 200000
+#: ... and on all nodes' together (about 200 bytes each): thousands of nodes do not fill the memory
+MAX_EVENTS = 2_000_000
 
 
 @dataclass
@@ -76,6 +78,12 @@ class Snapshot:
         return self.exited[i] is not None and self.exited[i].exit_code == 0
 
 
+def timeline_room(node_events: int, all_events: int) -> int:
+    """Pure: how many more timeline events a node may add, with ``node_events`` of its own and
+    ``all_events`` kept in all (MAX_EVENTS_PER_NODE, MAX_EVENTS)."""
+    return max(0, min(MAX_EVENTS_PER_NODE - node_events, MAX_EVENTS - all_events))
+
+
 class NodeRegistry:
     def __init__(self, cluster_id: str, roles: list[tuple[str, int]], max_wait: float = 600.0):
         self.cluster_id = cluster_id
@@ -83,6 +91,7 @@ class NodeRegistry:
         self.roles = roles
         self.cond = threading.Condition()
         self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(roles)}
+        self.events_kept = 0  # timeline events of this attempt's nodes (timeline_room)
         self.failures: list[NodeFailure] = []  # not yet acted on by the supervisor's loop, or fatal
         self.lost: list[int] = []  # nodes the run goes on without (the supervisor's :meth:`lose`)
         self.abort_reason: str | None = None
@@ -231,6 +240,7 @@ class NodeRegistry:
             self.cluster_id = cluster_id
             self.roles = list(roles)
             self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(self.roles)}
+            self.events_kept = 0
             self.failures = []
             self.lost = []
             self.abort_reason = None
@@ -405,9 +415,10 @@ class NodeRegistry:
             if msg.history or shows_progress(n.metrics, msg.values):
                 n.progress_at = time.monotonic()
             n.metrics.update(msg.values)
-            room = MAX_EVENTS_PER_NODE - len(n.events)
+            room = timeline_room(len(n.events), self.events_kept)
             if room > 0 and msg.events:
                 n.events.extend(msg.events[:room])
+                self.events_kept += min(room, len(msg.events))
             listener, printer = self.on_history, self.on_output
         if msg.history and listener is not None:
             listener(msg.node_index, msg.history)

@@ -1,0 +1,192 @@
+"""A fleet simulator for measuring the driver at cluster scale: N simulated nodes in a process of
+their own, on the real authenticated control channel.
+
+``FakeSpark``'s nodes are threads of the driver's own process: they share its GIL and so cannot
+measure it. ``FleetSpark`` is the same Spark entry point, but its barrier stage starts
+``python -m tfos.testing.fleet`` with the attempt's ClusterConfig on stdin (a pipe, as a TF
+process gets its NodeConfig), and that process plays every node as a real agent and TF process
+would: the agent announces itself and keeps one connection for its heartbeats (every
+``heartbeat_interval``; it answers stack requests and stops when told), the TF process registers
+from host ``fakehost-<i // 8>``, waits for the cluster spec, reports progress every
+``report_interval``, and reports its exit. The driver is the real one, untouched.
+
+    spark = FleetSpark(512, run_secs=5)
+    cluster = TFCluster.reserve(spark, 512, progress=False)
+    cluster.start(lambda args, ctx: None)
+    cluster.shutdown()
+
+``bench/scale.py`` times the phases from 64 to 2,048 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+import threading
+import time
+
+from tfos.errors import TFOSError
+from tfos.testing.fake_spark import Does, FakeSpark
+from tfos.topology import InputMode
+from tfos.wire import messages as M
+from tfos.wire.clients import DriverClient
+
+logger = logging.getLogger(__name__)
+
+#: hosts are ``fakehost-<i // NODES_PER_HOST>``
+NODES_PER_HOST = 8
+#: each simulated node runs two threads (agent, TF process): small stacks keep thousands cheap
+THREAD_STACK = 256 * 1024
+#: what a simulated node does: the subset of :class:`Does` the fleet plays
+FLEET_DOES = (Does.FINISH, Does.HANG, Does.RAISE, Does.GO_SILENT)
+
+
+def host_of(index: int) -> str:
+    """Pure: the simulated host of node ``index``."""
+    return f"fakehost-{index // NODES_PER_HOST}"
+
+
+class FleetSpark(FakeSpark):
+    """:class:`FakeSpark` whose barrier stage runs its nodes in a separate fleet process.
+    ``behaviour(i, attempt)`` is one of FLEET_DOES."""
+
+    def __init__(self, slots: int, behaviour=None, run_secs: float = 1.0):
+        super().__init__(slots, behaviour, run_secs)
+        self.processes: list[subprocess.Popen] = []
+
+    def barrier_stage(self, n: int, bootstrap):
+        cluster: M.ClusterConfig = bootstrap.cluster
+
+        def action():
+            with self._lock:
+                cancelled = self._cancel.setdefault(self._jobs.get(threading.get_ident(), ""), threading.Event())
+            does = [self.behaviour(i, cluster.attempt) for i in range(n)]
+            if any(d not in FLEET_DOES for d in does):
+                raise TFOSError(f"the fleet plays {[d.name for d in FLEET_DOES]} only")
+            proc = subprocess.Popen([sys.executable, "-m", "tfos.testing.fleet", "--run-secs", str(self.run_secs),
+                                     "--does", ",".join(d.name for d in does)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None)
+            with self._lock:
+                self.started += [(i, cluster.attempt) for i in range(n)]
+                self.processes.append(proc)
+            try:
+                proc.stdin.write(M.encode(cluster) + b"\n")
+                proc.stdin.close()
+                while proc.poll() is None:  # the barrier tasks hold their slots until the nodes end
+                    if cancelled.wait(0.2):
+                        raise TFOSError("the fleet's barrier stage was cancelled")
+                if cluster.input_mode != InputMode.TENSORFLOW:
+                    return [f"node {i}: STARTED" for i in range(n)]
+                return [f"node {i}: ended" for i in range(n)]
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+
+        return action
+
+
+class SimulatedNode:
+    """One node of the fleet: its agent's thread and its TF process's thread."""
+
+    def __init__(self, cluster: M.ClusterConfig, index: int, does: Does, run_secs: float):
+        self.cluster, self.index, self.does, self.run_secs = cluster, index, does, run_secs
+        self.stop = threading.Event()  # the driver asked this node to stop
+        self.ended = threading.Event()  # the TF process reported its exit
+        self.process_registered = threading.Event()
+        self.agent = threading.Thread(target=self._agent, name=f"agent-{index}", daemon=True)
+        self.process = threading.Thread(target=self._process, name=f"tf-{index}", daemon=True)
+
+    def _client(self) -> DriverClient:
+        c = self.cluster
+        return DriverClient(c.driver_host, c.driver_port, c.key, c.cluster_id, self.index)
+
+    def start(self) -> None:
+        self.agent.start()
+
+    def _agent(self) -> None:
+        c = self.cluster
+        client = self._client()
+        client.keep_connection()  # as the node agent: the connection's end is the agent's end
+        try:
+            if client.agent_started(host_of(self.index), 0, 0, ""):
+                self.stop.set()
+            self.process.start()
+            answered = 0
+            while not self.ended.is_set():
+                if self.does is Does.GO_SILENT and self.process_registered.is_set():
+                    return  # a lost host: nothing more is sent
+                reply = client.heartbeat_reply()
+                if reply.stop:
+                    self.stop.set()
+                if reply.dump > answered:
+                    answered = reply.dump
+                    client.node_stacks(reply.dump, f"Thread 0x1 (most recent call first):\n  File \"sim.py\", line 1 "
+                                                   f"in run_node\n", f"fleet node {self.index}: last log line")
+                self.ended.wait(max(0.05, c.heartbeat_interval))
+        except (TFOSError, OSError) as e:
+            logger.debug("fleet node %d's agent: %s", self.index, e)
+        finally:
+            client.close()
+
+    def _process(self) -> None:
+        c = self.cluster
+        job, task_index = c.roles[self.index]
+        client = self._client()
+        code, trace = -15, ""
+        try:
+            client.register(M.NodeInfo(self.index, job, task_index, host_of(self.index), 20000 + self.index % 8,
+                                       0, 0))
+            self.process_registered.set()
+            client.cluster_spec(c.reservation_timeout)
+            if self.does is Does.GO_SILENT:
+                return
+            end = time.monotonic() + (c.reservation_timeout + 60 if self.does is Does.HANG else self.run_secs)
+            step = 0
+            while not self.stop.is_set() and time.monotonic() < end:
+                step += 1
+                client.report({"step": step}, [])
+                self.stop.wait(min(max(0.05, c.report_interval), max(0.0, end - time.monotonic())))
+            if not self.stop.is_set():
+                code = 0 if self.does is Does.FINISH else 1
+                if code:
+                    trace = f"Traceback (most recent call last):\nRuntimeError: fleet node {self.index} failed on purpose"
+            client.node_exited(code, trace, "", "", stopped_by_driver=self.stop.is_set(), reason="")
+        except (TFOSError, OSError) as e:
+            logger.debug("fleet node %d's TF process: %s", self.index, e)
+        finally:
+            if self.does is not Does.GO_SILENT:
+                self.ended.set()
+
+
+def run_fleet(cluster: M.ClusterConfig, does: list[Does], run_secs: float) -> None:
+    threading.stack_size(THREAD_STACK)
+    nodes = [SimulatedNode(cluster, i, d, run_secs) for i, d in enumerate(does)]
+    for node in nodes:
+        node.start()
+    deadline = time.monotonic() + cluster.reservation_timeout + run_secs + 120
+    for node in nodes:
+        if node.does is not Does.GO_SILENT:
+            node.ended.wait(max(0.0, deadline - time.monotonic()))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="simulated tfos nodes (see tfos.testing.fleet)")
+    p.add_argument("--run-secs", type=float, required=True)
+    p.add_argument("--does", required=True, help="comma-separated Does names, one per node")
+    args = p.parse_args(argv)
+    cluster = M.decode(sys.stdin.buffer.readline())
+    if not isinstance(cluster, M.ClusterConfig):
+        raise TFOSError(f"the fleet expects a ClusterConfig on stdin, got {type(cluster).__name__}")
+    run_fleet(cluster, [Does[name] for name in args.does.split(",")], args.run_secs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

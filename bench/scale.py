@@ -73,7 +73,9 @@ def measure(n: int, run_secs: float) -> dict:
             cluster.shutdown(timeout=run_secs + 600)
         except Exception as e:  # a failed start at this size is a result too
             t2 = time.monotonic()
-            error = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            first = getattr(e, "failures", None) or []
+            why = first[0].reason if first else str(e).splitlines()[0]
+            error = f"{type(e).__name__}: {why[:160]}"
         t3 = time.monotonic()
         used = cpu() - c0
     lost = len(cluster.lost_nodes) + len(cluster.restarts) + len(cluster.registry.failures)

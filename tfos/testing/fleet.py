@@ -166,7 +166,10 @@ class SimulatedNode:
 
 
 def run_fleet(cluster: M.ClusterConfig, does: list[Does], run_secs: float) -> None:
+    from tfos.host import limits
+
     threading.stack_size(THREAD_STACK)
+    limits.ensure_open_files(len(does))  # two connections per node here, as the driver has
     nodes = [SimulatedNode(cluster, i, d, run_secs) for i, d in enumerate(does)]
     for node in nodes:
         node.start()

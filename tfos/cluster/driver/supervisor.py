@@ -387,10 +387,12 @@ class Supervisor:
         reg.abort("the cluster is restarting after a node failure" if failures else "the cluster is resizing")
         t_stop = time.monotonic()
         self.stop_nodes(self.registry.indexes())
-        # every node that failed by itself, not only the first one the driver heard of
+        # every node that failed by itself, not only the first one the driver heard of; a planned
+        # resize's stop is no failure (a node that ends as it stops is not a restart: none is used)
         known = {f.node_index for f in failures}
-        failures += [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own()
-                     if f.node_index not in known]
+        if failures:
+            failures += [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own()
+                         if f.node_index not in known]
         self.restarts += [Restart(time.time(), attempt, f.node_index, f.job_name, f.task_index, f.host, f.reason)
                           for f in sorted(failures, key=lambda f: f.node_index)]
         self._failed_before += failures

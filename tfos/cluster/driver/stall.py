@@ -91,8 +91,8 @@ def stall_message(secs: float | None, nodes: list[tuple[str, str, str]]) -> str:
     stacks = [(dump.strip() or "(none)", [label]) for label, dump, _ in nodes] if small else \
         _grouped((_THREAD_ID.sub("0x...", dump.strip()) or "(none)", label) for label, dump, _ in nodes)
     tails = dict((label, tail) for label, _, tail in nodes)
-    shown = [labels[0] for _, labels in stacks] + [label for label, _, _ in nodes]
-    shown = [label for i, label in enumerate(shown) if label not in shown[:i] and tails[label].strip()][:MAX_TAILS]
+    first = dict.fromkeys([labels[0] for _, labels in stacks] + [label for label, _, _ in nodes])  # ordered, once
+    shown = set([label for label in first if tails[label].strip()][:MAX_TAILS])
     for dump, labels in stacks:
         lines.append(f"--- {group_label(labels)}: stacks (most recent call first) ---")
         lines.append(dump)

@@ -1,5 +1,6 @@
 """The wire protocol: typed messages, framing, mutual authentication with the cluster secret."""
 
+import os
 import pickle
 import socket
 import struct
@@ -396,3 +397,88 @@ def test_an_agent_that_reconnects_within_the_grace_is_not_lost(control):
     state.check_heartbeats(60.0, grace=0.2)
     assert state.failures == []
     beat.close()
+
+
+def test_a_kept_client_carries_the_requests_of_many_threads_on_one_connection(control):
+    """The TF process's reports keep one connection: no handshake per report on the driver."""
+    state, key, server = control
+    client = _client(server, key, node=1).keep_connection()
+    client.report({"step": 0}, [])
+    first = client._ch
+
+    def report(t):
+        for i in range(25):
+            client.report({f"t{t}": i}, [{"name": "x", "ph": "X", "ts": i, "dur": 1}])
+
+    threads = [threading.Thread(target=report, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert client._ch is first and len(state.nodes[1].events) == 150
+    assert all(state.nodes[1].metrics[f"t{t}"] == 24 for t in range(6))
+    client.close()
+
+
+def test_the_cluster_spec_is_encoded_once_and_registrations_do_not_wake_its_waiters():
+    reg = NodeRegistry("cid", [("worker", i) for i in range(3)])
+    wakes = []
+
+    class Counting(threading.Condition):
+        def wait(self, timeout=None):
+            woken = super().wait(timeout)
+            wakes.append(woken)
+            return woken
+
+    reg._spec_cond = Counting(reg._lock)
+    replies = []
+    waiters = [threading.Thread(target=lambda i=i: replies.append(reg.on_cluster_spec(M.GetClusterSpec("cid", i, 30))))
+               for i in range(2)]
+    for t in waiters:
+        t.start()
+    for i in range(3):
+        assert reg.on_register(M.RegisterNode("cid", M.NodeInfo(i, "worker", i, f"h{i}", 1, 0, 10 + i))) == M.Ack()
+    import time
+    time.sleep(0.3)
+    assert wakes == [] and replies == []  # three registrations woke neither waiter
+    reg.set_backend_config({"b": 1})
+    for t in waiters:
+        t.join(10)
+    assert len(replies) == 2 and replies[0] is replies[1] and isinstance(replies[0], M.Encoded)
+    spec = M.decode(M.encode(replies[0]))
+    assert [n.host for n in spec.nodes] == ["h0", "h1", "h2"] and spec.backend == {"b": 1}
+
+
+@pytest.mark.parametrize("event", ["abort", "fail", "stop"])
+def test_a_cluster_spec_waiter_is_told_at_once_when_the_start_ends(event):
+    import time
+
+    from tfos.errors import NodeFailure
+
+    reg = NodeRegistry("cid", [("worker", 0), ("worker", 1)])
+    replies = []
+    t = threading.Thread(target=lambda: replies.append(reg.on_cluster_spec(M.GetClusterSpec("cid", 0, 30))))
+    t.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    {"abort": lambda: reg.abort("stopped"),
+     "fail": lambda: reg.fail(NodeFailure(1, "worker", 1, "h", "boom")),
+     "stop": lambda: reg.request_stop([0])}[event]()
+    t.join(10)
+    assert time.monotonic() - t0 < 1.0
+    assert isinstance(replies[0], M.ErrorReply) and "cluster start aborted" in replies[0].message
+
+
+@pytest.mark.parametrize("size,kept", [(100, False), (200_000, False), (600_000, True)])
+def test_an_encrypted_channel_keeps_a_send_stage_only_after_a_frame_larger_than_it(size, kept):
+    """A cluster spec to each of thousands of nodes must not leave each connection holding a stage."""
+    a, b = channel_pair(True)
+    got = []
+    t = threading.Thread(target=lambda: got.append(b.recv_frame()[1]))
+    t.start()
+    payload = os.urandom(size)
+    a.send_data(payload)
+    t.join(10)
+    assert got[0].to_pybytes() == payload and (a._stage is not None) is kept
+    a.close()
+    b.close()

@@ -31,6 +31,7 @@ from tfos.errors import TFOSError
 from tfos.testing.fake_spark import Does, FakeSpark
 from tfos.topology import InputMode
 from tfos.wire import messages as M
+from tfos.wire.channel import Channel
 from tfos.wire.clients import DriverClient
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class SimulatedNode:
             while not self.ended.is_set():
                 if self.does is Does.GO_SILENT and self.process_registered.is_set():
                     return  # a lost host: nothing more is sent
-                reply = client.heartbeat_reply()
+                reply = client.heartbeat_reply(timeout=c.heartbeat_timeout)  # as the node agent
                 if reply.stop:
                     self.stop.set()
                 if reply.dump > answered:
@@ -138,13 +139,21 @@ class SimulatedNode:
     def _process(self) -> None:
         c = self.cluster
         job, task_index = c.roles[self.index]
-        client = self._client()
+        client = self._client().keep_connection()  # its reports, as the TF process's reporter
         code, trace = -15, ""
         try:
-            client.register(M.NodeInfo(self.index, job, task_index, host_of(self.index), 20000 + self.index % 8,
-                                       0, 0))
-            self.process_registered.set()
-            client.cluster_spec(c.reservation_timeout)
+            # as run_node: registration and the spec wait on one connection. The spec is received but
+            # not decoded: a real node decodes it in a process of its own, while here thousands of
+            # decodes would starve this process's heartbeats (the driver's cost is the same)
+            with Channel.connect(c.driver_host, c.driver_port, c.key, timeout=60.0, what="tfos driver") as ch:
+                ch.settimeout(c.reservation_timeout + 60.0)
+                ch.request(M.RegisterNode(c.cluster_id, M.NodeInfo(self.index, job, task_index, host_of(self.index),
+                                                                   20000 + self.index % 8, 0, 0)))
+                self.process_registered.set()
+                ch.send(M.GetClusterSpec(c.cluster_id, self.index, c.reservation_timeout))
+                _, spec = ch.recv_frame(decode_json=False)
+                if b'"type":"ClusterSpecReply"' not in spec[-200:]:
+                    raise TFOSError(f"no cluster spec: {spec[:300]!r}")
             if self.does is Does.GO_SILENT:
                 return
             end = time.monotonic() + (c.reservation_timeout + 60 if self.does is Does.HANG else self.run_secs)
@@ -157,10 +166,12 @@ class SimulatedNode:
                 code = 0 if self.does is Does.FINISH else 1
                 if code:
                     trace = f"Traceback (most recent call last):\nRuntimeError: fleet node {self.index} failed on purpose"
-            client.node_exited(code, trace, "", "", stopped_by_driver=self.stop.is_set(), reason="")
+            client.close()
+            self._client().node_exited(code, trace, "", "", stopped_by_driver=self.stop.is_set(), reason="")
         except (TFOSError, OSError) as e:
             logger.debug("fleet node %d's TF process: %s", self.index, e)
         finally:
+            client.close()
             if self.does is not Does.GO_SILENT:
                 self.ended.set()
 

@@ -200,13 +200,16 @@ class Channel:
                                 "use smaller chunks")
         self._sendall_parts([memoryview(_HEADER.pack(KIND_ARROW, total))] + views)
 
-    def recv_frame(self) -> tuple[bytes, Any]:
-        """Return ``(kind, value)``: a decoded message for JSON frames, a ``pyarrow.Buffer`` for data."""
+    def recv_frame(self, decode_json: bool = True) -> tuple[bytes, Any]:
+        """Return ``(kind, value)``: a decoded message for JSON frames (their bytes with
+        ``decode_json=False``: a simulator that plays thousands of nodes in one process only
+        counts them), a ``pyarrow.Buffer`` for data."""
         kind, size = _HEADER.unpack(self._recv_exact(_HEADER.size))
         if kind == KIND_JSON:
             if size > MAX_JSON_FRAME:
                 raise ProtocolError(f"JSON frame of {size} bytes from {self.peer} exceeds the limit")
-            return kind, decode(self._recv_exact(size))
+            data = self._recv_exact(size)
+            return kind, decode(data) if decode_json else bytes(data)
         if kind == KIND_ARROW:
             if size > self.max_data_frame:
                 raise ProtocolError(f"data frame of {size} bytes from {self.peer} exceeds this channel's limit "
@@ -273,6 +276,16 @@ class Channel:
                 out[pos:pos + v.nbytes] = v
                 pos += v.nbytes
             self._tx.seal_into(out[4:pos], out)
+            self._raw_sendall(out)
+            return
+        if small <= _STAGE and self._stage is None:
+            # a large message (a cluster spec to each of thousands of nodes): records in a buffer of
+            # its size that nobody keeps; a channel keeps a stage only once it sent a larger frame
+            plain = memoryview(b"".join(views))
+            out = memoryview(bytearray(small + -(-small // _SEND_RECORD) * (crypto.TAG_BYTES + 4)))
+            pos = 0
+            for off in range(0, small, _SEND_RECORD):
+                pos += self._tx.seal_into(plain[off:off + _SEND_RECORD], out[pos:])
             self._raw_sendall(out)
             return
         if self._stage is None:

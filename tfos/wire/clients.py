@@ -2,7 +2,9 @@
 
 * :class:`DriverClient`: agents, TF processes and feeding tasks talking to the driver's
   control service. Requests are idempotent, so each opens a fresh authenticated connection
-  unless the client was opened for a series of requests (``with client.session():``).
+  unless the client was opened for a series of requests (``with client.session():``, one
+  thread) or keeps its connection (:meth:`DriverClient.keep_connection`, any thread: the
+  heartbeats and progress reports of thousands of nodes cost the driver no handshake each).
 * :class:`FeedClient`: a feeding task's connection to one TF process's feed hub;
   :func:`end_feed`: the driver telling a hub that a feed is complete.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import threading
 
 from tfos.errors import ProtocolError, RequestRefused, TFOSTimeoutError
 from tfos.wire import messages as M
@@ -33,6 +36,7 @@ class DriverClient:
         self.node_index = node_index
         self._ch: Channel | None = None
         self._keep = False  # keep_connection(): one connection, reopened after a failure
+        self._kept_lock = threading.Lock()  # a kept connection carries one request at a time
 
     @classmethod
     def for_node(cls, cfg: M.NodeConfig) -> "DriverClient":
@@ -56,11 +60,13 @@ class DriverClient:
             self._ch.close()
             self._ch = None
 
-    def keep_connection(self) -> None:
+    def keep_connection(self) -> "DriverClient":
         """Send this client's requests over one connection from now on, reopened on the next request
-        after a failure, until :meth:`close`. The node agent's heartbeats go this way: the driver
-        takes the connection's end, with no heartbeat after it, as the end of the agent."""
+        after a failure, until :meth:`close`; threads take turns. The node agent's heartbeats go
+        this way (the driver takes the connection's end, with no heartbeat after it, as the end of
+        the agent), and so do the TF process's progress reports."""
         self._keep = True
+        return self
 
     def close(self) -> None:
         ch, self._ch = self._ch, None
@@ -68,8 +74,14 @@ class DriverClient:
             ch.close()
 
     def _request(self, msg, timeout: float = 10.0, setting: str = ""):
-        if self._ch is not None and not self._keep:  # inside session(): its connection, its timeout
+        if self._keep:
+            with self._kept_lock:
+                return self._exchange(msg, timeout, setting)
+        if self._ch is not None:  # inside session(): its connection, its timeout
             return self._ch.request(msg)
+        return self._exchange(msg, timeout, setting)
+
+    def _exchange(self, msg, timeout: float, setting: str):
         ch = self._ch or Channel.connect(self.host, self.port, self.key, timeout=min(timeout, 30.0),
                                          what="tfos driver", setting=setting, unreachable_hint=UNREACHABLE_DRIVER)
         if self._keep:

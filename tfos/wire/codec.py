@@ -44,7 +44,20 @@ def _to_wire(value):
     return value
 
 
+class Encoded:
+    """A message encoded once and sent many times as it is (the cluster spec, to every node):
+    :func:`encode` returns its bytes without encoding it again."""
+
+    __slots__ = ("message", "payload")
+
+    def __init__(self, msg):
+        self.message = msg
+        self.payload = encode(msg)
+
+
 def encode(msg) -> bytes:
+    if type(msg) is Encoded:
+        return msg.payload
     if _REGISTRY.get(type(msg).__name__) is not type(msg):
         raise ProtocolError(f"{type(msg).__name__} is not a tfos message")
     body = _to_wire(msg)

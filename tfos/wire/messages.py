@@ -23,7 +23,7 @@ from dataclasses import field
 from typing import Any
 
 from tfos.errors import Cause
-from tfos.wire.codec import PROTOCOL_VERSION, decode, encode, message  # noqa: F401 (the registry's API)
+from tfos.wire.codec import PROTOCOL_VERSION, Encoded, decode, encode, message  # noqa: F401 (the registry's API)
 
 
 # --------------------------------------------------------------------------- configurations

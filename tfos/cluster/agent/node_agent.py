@@ -226,7 +226,9 @@ class NodeAgent:
                     logger.error("executor JVM %d is gone; stopping the TF process", jvm)
                     return Cause.EXECUTOR_LOST, why
             try:
-                reply = self.beats.heartbeat_reply(timeout=5.0)
+                # a busy driver answers late, not never: waiting as long as it would wait for us
+                # keeps the connection (closing it would read as this agent's end, a false loss)
+                reply = self.beats.heartbeat_reply(timeout=c.heartbeat_timeout)
                 last_contact = time.monotonic()
                 if reply.stop:
                     logger.info("driver asked node %d to stop", self.cfg.node_index)

@@ -89,7 +89,12 @@ class NodeRegistry:
         self.cluster_id = cluster_id
         self.max_wait = max_wait  # server-side bound of a GetClusterSpec wait, whatever the client asks
         self.roles = roles
-        self.cond = threading.Condition()
+        self._lock = lock = threading.RLock()
+        self.cond = threading.Condition(lock)  # any change of the registry
+        # the nodes waiting for the cluster spec only: woken once the spec is set or the start is
+        # aborted, not at every registration (thousands of waiters would each wake N times)
+        self._spec_cond = threading.Condition(lock)
+        self._spec: M.Encoded | None = None  # the cluster spec reply, encoded once per attempt
         self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(roles)}
         self.events_kept = 0  # timeline events of this attempt's nodes (timeline_room)
         self.failures: list[NodeFailure] = []  # not yet acted on by the supervisor's loop, or fatal
@@ -132,6 +137,12 @@ class NodeRegistry:
         """Wake every :meth:`wait_until` to check its predicate again."""
         with self.cond:
             self.cond.notify_all()
+
+    def _notify_all(self) -> None:
+        """A change that may end the cluster-spec waits too (a failure, an abort, a stop, the spec).
+        Caller holds the lock."""
+        self.cond.notify_all()
+        self._spec_cond.notify_all()
 
     def snapshot(self) -> Snapshot:
         with self.cond:
@@ -188,7 +199,7 @@ class NodeRegistry:
             logger.error("tfos node %d (%s:%d on %s) failed: %s", failure.node_index, failure.job_name,
                          failure.task_index, failure.host, failure.reason)
             self.failures.append(failure)
-            self.cond.notify_all()
+            self._notify_all()
 
     def lose(self, node_index: int) -> None:
         """The run goes on without failed node ``node_index``: it is listed in ``lost``, not ``failures``."""
@@ -206,12 +217,13 @@ class NodeRegistry:
                 self.abort_reason = self.abort_reason or error
             else:
                 self.backend_config = dict(config or {})
-            self.cond.notify_all()
+            self._spec = None
+            self._notify_all()
 
     def abort(self, reason: str) -> None:
         with self.cond:
             self.abort_reason = self.abort_reason or reason
-            self.cond.notify_all()
+            self._notify_all()
 
     def exit_failure(self, i: int) -> NodeFailure:
         """The failure that node ``i``'s exit report describes. Caller holds the condition."""
@@ -250,7 +262,8 @@ class NodeRegistry:
             self.checkpoint = None
             self.store.clear()
             self.saves.new_attempt()  # its lock after this one: it never takes this one under its own
-            self.cond.notify_all()
+            self._spec = None
+            self._notify_all()
         return True
 
     def indexes(self) -> list[int]:
@@ -262,7 +275,7 @@ class NodeRegistry:
         with self.cond:
             for i in which:
                 self.nodes[i].stop = True
-            self.cond.notify_all()
+            self._notify_all()
 
     # -- control service handlers (server threads)
     def on_register(self, msg: M.RegisterNode):
@@ -276,6 +289,7 @@ class NodeRegistry:
                 return self._second_copy(info.node_index, f"TF process {info.pid} on {info.host}",
                                          f"TF process {n.info.pid} on {n.info.host}")
             n.info = info
+            self._spec = None
             self.cond.notify_all()
         logger.info("tfos node %d registered: %s:%d at %s:%d", info.node_index, info.job_name, info.task_index,
                     info.host, info.tf_port)
@@ -293,20 +307,24 @@ class NodeRegistry:
                             "copy")
 
     def on_cluster_spec(self, msg: M.GetClusterSpec):
+        """The cluster spec, once every node registered and the supervisor set up the backend (it
+        wakes this wait; registrations do not). Encoded once per attempt for all the nodes."""
         wait = max(0.0, min(msg.timeout, self.max_wait))
         deadline = time.monotonic() + wait
         with self.cond:
             me = self.node(msg.node_index)
-            while self.backend_config is None:  # every node registered, then the supervisor set up the backend
+            while self.backend_config is None:
                 if self.failures or self.abort_reason or me.stop:
                     return M.ErrorReply("cluster start aborted: " + (self.abort_reason or "another node failed"))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return M.ErrorReply(f"nodes {self.missing()} did not register within {wait:.0f}s "
                                         "(raise reservation_timeout)")
-                self.cond.wait(min(remaining, 1.0))
-            nodes = tuple(self.nodes[i].info for i in sorted(self.nodes))
-            return M.ClusterSpecReply(nodes, self.backend_config)
+                self._spec_cond.wait(min(remaining, 5.0))
+            if self._spec is None:
+                nodes = tuple(self.nodes[i].info for i in sorted(self.nodes))
+                self._spec = M.Encoded(M.ClusterSpecReply(nodes, self.backend_config))
+            return self._spec
 
     def on_agent_started(self, msg: M.AgentStarted):
         with self.cond:

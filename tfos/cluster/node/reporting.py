@@ -136,9 +136,11 @@ class Reporter:
                 logger.warning("progress report dropped: %s", e)
 
     def close(self) -> None:
+        """Send what is left, then close the client's connection (the reporter owns its client)."""
         self._stop.set()
         self._thread.join(timeout=5)
         self.flush()
+        self.driver.close()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -83,9 +83,11 @@ def run_node(cfg: M.NodeConfig) -> int:
     info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host,
                       tunnel.tf_port if tunnel else held.getsockname()[1], hub.port if hub else 0, os.getpid(),
                       tunnel.port if tunnel else 0, tunnel.mode if tunnel else "")
-    driver.register(info)
-    importing = preimport_tensorflow() if c.preimport_tensorflow else None
-    reply = driver.cluster_spec(c.reservation_timeout)
+    importing = None
+    with DriverClient.for_node(cfg).session(timeout=c.reservation_timeout + 60.0) as start:  # one handshake
+        start.register(info)
+        importing = preimport_tensorflow() if c.preimport_tensorflow else None
+        reply = start.cluster_spec(c.reservation_timeout)
     if importing is not None:  # nothing else may import TF meanwhile (it would see half a module)
         importing.join(c.reservation_timeout)
         if importing.is_alive():
@@ -96,7 +98,10 @@ def run_node(cfg: M.NodeConfig) -> int:
     main_fun, args, hooks = load_function_file(cfg.fn_path)
     if tunnel is not None:  # before TF or Gloo may connect to another node
         tunnel_node.connect_peers(tunnel, reply.nodes, cfg.node_index, cfg.host)
-    reporter = Reporter(driver, c.report_interval, c.timeline, c.metric_history)
+    # the reports keep one connection: thousands of nodes reporting each second cost the driver
+    # no handshake each (the node's other requests are rare and take their own)
+    reporter = Reporter(DriverClient.for_node(cfg).keep_connection(), c.report_interval, c.timeline,
+                        c.metric_history)
     ctx = NodeContext(cfg, reply.nodes, held, hub, hooks, reporter,
                       spec_nodes=tunnel_node.spec_nodes(tunnel, reply.nodes))
     if streams_output(c.node_output, ctx.rank):  # main_fun's prints: the node log and the driver's console

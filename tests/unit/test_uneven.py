@@ -129,6 +129,48 @@ def test_the_gate_answers_when_the_other_node_has_rows_or_the_feed_is_complete()
     assert sched.on_gate(M.FeedGate("c", 1, "f", 400)) == M.FeedGateReply(100, True, ((0, 100), (1, 150)), 150)
 
 
+def test_an_assignment_wakes_only_the_gates_whose_need_its_safe_count_meets():
+    """With hundreds of nodes at the gate, each assignment used to wake every one of them."""
+    reg = NodeRegistry("c", [("worker", i) for i in range(3)])
+    sched = FeedScheduler(reg, [0, 1, 2])
+    answers = {}
+
+    def gate(node, need):
+        answers[node] = sched.on_gate(M.FeedGate("c", node, "f", need, wait=8))
+
+    waiters = [threading.Thread(target=gate, args=(node, need)) for node, need in ((0, 100), (1, 200))]
+    for t in waiters:
+        t.start()
+    deadline = time.monotonic() + 5
+    while len(sched._gates.get("f", [])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    needs = sorted(need for need, _, _ in sched._gates["f"])
+    assert needs == [100, 200]
+    for rows in (100, 100, 100):  # safe 100: the need of 100 is met, the need of 200 waits on
+        sched.on_assign(M.AssignChunk("c", "f", rows))
+    waiters[0].join(2)
+    assert answers == {0: M.FeedGateReply(100)} and [n for n, _, _ in sched._gates["f"]] == [200]
+    sched.take_rows("f")  # the feed is complete: every gate of it learns the totals at once
+    waiters[1].join(2)
+    assert answers[1].complete and "f" not in sched._gates
+
+
+def test_the_live_nodes_are_kept_until_a_node_registers_ends_or_terminates():
+    reg = NodeRegistry("c", [("worker", i) for i in range(3)])
+    sched = FeedScheduler(reg, [0, 1, 2])
+    for i in range(3):
+        reg.on_register(M.RegisterNode("c", M.NodeInfo(i, "worker", i, "ab"[i // 2], 0, 1000 + i, 0)))
+    with sched._lock:
+        assert sched._live() == ([0, 1, 2], {"a": (0, 1), "b": (2,)})
+        kept = sched._kept
+        assert sched._live() and sched._kept is kept  # nothing changed: not recomputed
+    reg.on_node_exited(M.NodeExited("c", 1, 0, "", "", "", False))
+    sched.on_terminated(M.FeedTerminated("c", 2, "q"))
+    with sched._lock:
+        assert sched._live()[0] == [0]
+    assert sched.on_assign(M.AssignChunk("c", "f", 10, host="b")).pieces == ((0, 10),)
+
+
 def test_each_assignment_carries_the_safe_count_after_it():
     reg = NodeRegistry("c", [("chief", 0), ("worker", 0)])
     sched = FeedScheduler(reg, [0, 1])

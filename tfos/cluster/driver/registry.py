@@ -96,6 +96,10 @@ class NodeRegistry:
         self._spec_cond = threading.Condition(lock)
         self._spec: M.Encoded | None = None  # the cluster spec reply, encoded once per attempt
         self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(roles)}
+        # counts the changes of which nodes are registered or running (a registration, an exit, a new
+        # attempt): a reader that keeps something derived from them (the feed scheduler's live
+        # nodes) recomputes it only when this moved
+        self.version = 0
         self.events_kept = 0  # timeline events of this attempt's nodes (timeline_room)
         self.failures: list[NodeFailure] = []  # not yet acted on by the supervisor's loop, or fatal
         self.lost: list[int] = []  # nodes the run goes on without (the supervisor's :meth:`lose`)
@@ -252,6 +256,7 @@ class NodeRegistry:
             self.cluster_id = cluster_id
             self.roles = list(roles)
             self.nodes = {i: NodeState(job, idx) for i, (job, idx) in enumerate(self.roles)}
+            self.version += 1
             self.events_kept = 0
             self.failures = []
             self.lost = []
@@ -289,6 +294,7 @@ class NodeRegistry:
                 return self._second_copy(info.node_index, f"TF process {info.pid} on {info.host}",
                                          f"TF process {n.info.pid} on {n.info.host}")
             n.info = info
+            self.version += 1
             self._spec = None
             self.cond.notify_all()
         logger.info("tfos node %d registered: %s:%d at %s:%d", info.node_index, info.job_name, info.task_index,
@@ -422,6 +428,7 @@ class NodeRegistry:
             n = self.node(msg.node_index)
             if n.exited is None:
                 n.exited = msg
+                self.version += 1
                 if _failed(msg) and not (msg.stopped_by_driver or n.stop):
                     self.fail(self.exit_failure(msg.node_index))
                 self.cond.notify_all()
@@ -499,6 +506,7 @@ class NodeRegistry:
                 if why:
                     self.fail(NodeFailure(i, n.job_name, n.task_index, self.host_of(i), why, cause=Cause.AGENT_LOST))
                     n.exited = M.NodeExited(self.cluster_id, i, -1, "", "", "", False, cause=Cause.AGENT_LOST)
+                    self.version += 1
 
     def on_agent_disconnected(self, cluster_id: str, node_index: int) -> None:
         """The connection that carried node ``node_index``'s heartbeats closed (service.py)."""

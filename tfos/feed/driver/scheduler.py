@@ -8,12 +8,20 @@ is skipped; a node that stopped reading without finishing is an error.
 The scheduler also answers the nodes' gates (equal steps, :mod:`tfos.data.uneven`): a node may
 take rows up to the fewest rows assigned to any live node so far (the *safe* count), and, once
 the feed is complete, learns every live node's total.
+
+At thousands of nodes a decision costs O(N), not more: the live nodes and the nodes of each host
+are kept until a node registers, ends or terminates its feed (``NodeRegistry.version``), the rows
+assigned are a running total, and the two neediest nodes are found without sorting. A gate that
+waits sits in a heap of needs: an assignment wakes only the gates its new safe count satisfies,
+not every waiting node.
 """
 
 from __future__ import annotations
 
-import logging
 import collections
+import heapq
+import itertools
+import logging
 import threading
 import time
 
@@ -57,7 +65,8 @@ def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int,
     for equal steps to drop."""
     if not live:
         return []
-    near = [i for i in local if i in live]
+    live_set = set(live) if local else ()
+    near = [i for i in local if i in live_set]
     if last_wave and near and len(near) < len(live) and rows >= LAST_WAVE_PARTS * MIN_PIECE:
         placed, now = collections.Counter(), dict(counts)
         for k in range(LAST_WAVE_PARTS):
@@ -70,10 +79,14 @@ def plan_chunk(live: list[int], counts: dict[int, int], rows: int, slack: int,
         mine = min(near, key=lambda i: (counts.get(i, 0), i))
         if counts.get(mine, 0) + rows <= min(counts.get(i, 0) for i in live) + max(slack, 2 * rows, local_slack):
             return [(mine, rows)]
-    order = sorted(live, key=lambda i: (counts.get(i, 0), i))
+    def need(i):
+        return counts.get(i, 0), i
+
+    two = heapq.nsmallest(2, live, key=need)  # O(N): most chunks go whole to the neediest node
+    if len(two) == 1 or rows <= MIN_PIECE or counts.get(two[0], 0) + rows <= counts.get(two[1], 0) + slack:
+        return [(two[0], rows)]
+    order = sorted(live, key=need)
     c = [counts.get(i, 0) for i in order]
-    if len(order) == 1 or rows <= MIN_PIECE or c[0] + rows <= c[1] + slack:
-        return [(order[0], rows)]
     k, level_cost = 1, 0  # fill the k lowest nodes up to the next one's count while rows last
     while k < len(c) and level_cost + k * (c[k] - c[k - 1]) <= rows:
         level_cost += k * (c[k] - c[k - 1])
@@ -136,16 +149,34 @@ class FeedScheduler:
         self.completed: dict[str, tuple[tuple[int, int], ...]] = {}  # feed -> live nodes' final rows, levelled
         self.levels: dict[str, dict[int, M.FeedLevel]] = {}  # completed feed -> each moving node's part
         self._lock = threading.Lock()  # the scheduler's own state; the registry is read by snapshot
-        self._changed = threading.Condition(self._lock)  # an assignment, a termination, a completion
         self.locality = True  # prefer a node on the producing task's host (plan_chunk's ``local``)
         self.produced: collections.Counter = collections.Counter()  # rows assigned, by the producing task's host
         self.partitions: dict[str, int] = {}  # feed -> its partitions (all epochs), when the driver knows them
         self.started: dict[str, int] = {}  # feed -> partitions that sent their first chunk
+        self.assigned: dict[str, int] = {}  # feed -> rows assigned so far (the sum of feed_rows[feed])
+        self._gates: dict[str, list] = {}  # feed -> heap of waiting gates: (need, seq, threading.Event)
+        self._seq = itertools.count()
+        self._mine = 0  # changes of terminated / feed_ranks (the registry's are its version)
+        self._kept: tuple | None = None  # (versions, live nodes, {host: feeding nodes}): see _live
+
+    def _live(self) -> tuple[list[int], dict[str, tuple[int, ...]]]:
+        """The live feeding nodes and the feeding nodes registered on each host, recomputed only
+        after a node registered, ended or terminated its feed. Caller holds the lock."""
+        versions = (self.registry.version, self._mine)  # read before the snapshot: never older than it
+        if self._kept is None or self._kept[0] != versions:
+            snap = self.registry.snapshot()
+            live = [i for i in self.feed_ranks if not self._finished(i, snap)]
+            ranks, hosts = set(self.feed_ranks), collections.defaultdict(list)
+            for n in self.registry.registered():
+                if n.node_index in ranks:
+                    hosts[n.host].append(n.node_index)
+            self._kept = (versions, live, {h: tuple(v) for h, v in hosts.items()})
+        return self._kept[1], self._kept[2]
 
     def nodes_on(self, host: str) -> tuple[int, ...]:
         """The feeding nodes registered on ``host`` (an address as the nodes registered theirs)."""
-        return tuple(n.node_index for n in self.registry.registered()
-                     if n.host == host and n.node_index in self.feed_ranks)
+        with self._lock:
+            return self._live()[1].get(host, ())
 
     def new_attempt(self, feed_ranks: list[int] | None = None) -> None:
         """Forget which nodes terminated their feeds (a restart starts every node again); the new
@@ -154,6 +185,18 @@ class FeedScheduler:
             self.terminated.clear()
             if feed_ranks is not None:
                 self.feed_ranks = list(feed_ranks)
+            self._mine += 1
+            self._wake_gates()
+
+    def _wake_gates(self, feed_id: str | None = None, safe: int | None = None) -> None:
+        """Wake the waiting gates of ``feed_id`` (every feed's: None) whose need ``safe`` rows meet
+        (all of them: None); they look again. Caller holds the lock."""
+        for feed in ([feed_id] if feed_id is not None else list(self._gates)):
+            heap = self._gates.get(feed)
+            while heap and (safe is None or heap[0][0] <= safe):
+                heapq.heappop(heap)[2].set()
+            if not heap:
+                self._gates.pop(feed, None)
 
     def _finished(self, i: int, snap: Snapshot) -> bool:
         return i in self.terminated or snap.ended_ok(i)
@@ -173,16 +216,16 @@ class FeedScheduler:
             self.feed_columns.pop(feed_id, None)
             self.partitions.pop(feed_id, None)
             self.started.pop(feed_id, None)
+            self.assigned.pop(feed_id, None)
             rows = dict(self.feed_rows.pop(feed_id, {}))
-            snap = self.registry.snapshot()
-            live = {i: rows.get(i, 0) for i in self.feed_ranks if not self._finished(i, snap)}
+            live = {i: rows.get(i, 0) for i in self._live()[0]}
             moves = uneven.level(live) if level else ()
             self.completed[feed_id] = tuple(uneven.after_moves(live, moves).items())
             self.levels[feed_id] = _levels(moves, self.registry.registered(), float(timeout))
             while len(self.completed) > KEEP_COMPLETED:
                 self.levels.pop(next(iter(self.completed)), None)
                 self.completed.pop(next(iter(self.completed)))
-            self._changed.notify_all()
+            self._wake_gates(feed_id)
             return rows
 
     def totals(self, feed_id: str) -> tuple[tuple[int, int], ...]:
@@ -203,7 +246,6 @@ class FeedScheduler:
 
     def on_assign(self, msg: M.AssignChunk):
         with self._lock:
-            snap = self.registry.snapshot()
             if not self.feed_ranks:
                 return M.ErrorReply("no node of this cluster accepts fed data")
             if msg.columns is not None:
@@ -212,44 +254,52 @@ class FeedScheduler:
                     return M.ErrorReply(f"partition {msg.partition}, row 0: {drift}")
             if msg.failed_node >= 0:
                 self.registry.node(msg.failed_node)
-                if not self._finished(msg.failed_node, snap):
+                if not self._finished(msg.failed_node, self.registry.snapshot()):
                     return M.ErrorReply(f"node {msg.failed_node} stopped accepting data without finishing; "
                                         "see the node's log in the driver's error")
-            live = [i for i in self.feed_ranks if not self._finished(i, snap)]
+            live, hosts = self._live()
             counts = self.feed_rows.setdefault(msg.feed_id, {i: 0 for i in self.feed_ranks})
-            local = self.nodes_on(msg.host) if self.locality and msg.host else ()
+            local = hosts.get(msg.host, ()) if self.locality and msg.host else ()
             self.produced[msg.host] += msg.rows
             started = self.started.setdefault(msg.feed_id, 0) + (msg.partition >= 0)
             self.started[msg.feed_id] = started
-            assigned = sum(counts.values())
+            assigned = self.assigned.get(msg.feed_id, 0)
             partitions = self.partitions.get(msg.feed_id, 0)
             pieces = plan_chunk(live, counts, msg.rows, slack_rows(assigned), local,
                                 locality_slack(assigned, started, partitions, len(live)),
                                 last_wave(started, partitions, len(live)))
             for node, rows in pieces:
-                counts[node] += rows
+                counts[node] = counts.get(node, 0) + rows
+            self.assigned[msg.feed_id] = assigned + sum(r for _, r in pieces)
+            safe = safe_rows(live, counts)
             if pieces:
-                self._changed.notify_all()
-            return M.AssignReply(pieces[0][0] if pieces else -1, tuple(pieces), safe_rows(live, counts))
+                self._wake_gates(msg.feed_id, safe)
+            return M.AssignReply(pieces[0][0] if pieces else -1, tuple(pieces), safe)
 
     def on_gate(self, msg: M.FeedGate):
         """A node's gate: answered when every live node has been sent ``need`` rows of the feed, when
         the feed is complete, or after ``wait`` seconds (the node asks again)."""
         self.registry.node(msg.node_index)
         deadline = time.monotonic() + min(max(msg.wait, 0.0), 10.0)
-        with self._changed:
+        woken: threading.Event | None = None
+        with self._lock:
             while True:
                 if msg.feed_id in self.completed:
                     totals = self.completed[msg.feed_id]
                     own = dict(totals).get(msg.node_index, -1)
                     break
-                snap = self.registry.snapshot()
-                live = [i for i in self.feed_ranks if not self._finished(i, snap)]
-                safe = safe_rows(live, self.feed_rows.get(msg.feed_id, {}))
+                safe = safe_rows(self._live()[0], self.feed_rows.get(msg.feed_id, {}))
                 left = deadline - time.monotonic()
                 if safe >= msg.need or left <= 0:
                     return M.FeedGateReply(safe)
-                self._changed.wait(min(left, 0.5))  # a node that ends or fails changes ``live`` too
+                if woken is None or woken.is_set():  # wait in the heap until an assignment meets the need
+                    woken = threading.Event()
+                    heapq.heappush(self._gates.setdefault(msg.feed_id, []), (msg.need, next(self._seq), woken))
+                self._lock.release()
+                try:
+                    woken.wait(min(left, 0.5))  # and look again now and then: a node that ends changes ``live``
+                finally:
+                    self._lock.acquire()
         return M.FeedGateReply(min((r for _, r in totals), default=0), True, totals, own,
                                self.level_of(msg.feed_id, msg.node_index))
 
@@ -257,6 +307,7 @@ class FeedScheduler:
         self.registry.node(msg.node_index)
         with self._lock:
             self.terminated.add(msg.node_index)
-            self._changed.notify_all()
+            self._mine += 1
+            self._wake_gates()  # the safe count may rise without this node
         logger.info("tfos node %d terminated its feed %r", msg.node_index, msg.qname)
         return M.Ack()

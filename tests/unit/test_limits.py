@@ -46,7 +46,7 @@ def test_ensure_open_files_raises_the_soft_limit_and_names_ulimit_when_it_cannot
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-@pytest.mark.parametrize("nodes,expected", [(2, (4096, 64)), (512, (4096, 512)), (2048, (8448, 2048)),
-                                            (100_000, (400_256, 65535))])
+@pytest.mark.parametrize("nodes,expected", [(2, (4096, 64, 10.02)), (512, (4096, 512, 15.12)),
+                                            (2048, (8448, 2048, 30.48)), (100_000, (400_256, 65535, 1010.0))])
 def test_listener_sizes_follow_the_nodes(nodes, expected):
     assert limits.listener_sizes(nodes) == expected

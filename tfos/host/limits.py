@@ -27,11 +27,14 @@ def files_needed(num_nodes: int) -> int:
     return BASE_FILES + FILES_PER_NODE * max(0, num_nodes)
 
 
-def listener_sizes(num_nodes: int) -> tuple[int, int]:
-    """Pure: ``(max connections, listen backlog)`` of the control service for ``num_nodes`` nodes:
-    room for every connection a node may hold at once (:func:`files_needed`), at least 4,096, and a
-    backlog that lets every node connect at the same instant (the kernel caps it at somaxconn)."""
-    return max(4096, files_needed(num_nodes)), max(64, min(65535, num_nodes))
+def listener_sizes(num_nodes: int) -> tuple[int, int, float]:
+    """Pure: ``(max connections, listen backlog, handshake seconds)`` of the control service for
+    ``num_nodes`` nodes: room for every connection a node may hold at once (:func:`files_needed`),
+    at least 4,096; a backlog that lets every node connect at the same instant (the kernel caps it
+    at somaxconn); and a handshake deadline of 10 s plus 10 ms a node, since thousands of nodes
+    connecting at once keep a driver busy for seconds (a deadline missed reads as a wrong secret
+    to the node, and fails it)."""
+    return max(4096, files_needed(num_nodes)), max(64, min(65535, num_nodes)), round(10.0 + num_nodes / 100, 2)
 
 
 def plan_open_files(soft: int, hard: int, needed: int, unlimited: int) -> tuple[int | None, str | None]:

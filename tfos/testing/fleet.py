@@ -15,12 +15,16 @@ from host ``fakehost-<i // 8>``, waits for the cluster spec, reports progress ev
     cluster.start(lambda args, ctx: None)
     cluster.shutdown()
 
-``bench/scale.py`` times the phases from 64 to 2,048 nodes.
+``bench/scale.py`` times the phases from 64 to 2,048 nodes. Each process plays up to
+NODES_PER_PROCESS nodes. With ``stats=path`` each writes its heartbeats' round trips and the
+reports it sent to ``path.<first node>`` (JSON) when it ends.
+:func:`feed_load` plays feeding tasks and gated nodes against a driver's feed scheduler.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import subprocess
 import sys
@@ -38,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 #: hosts are ``fakehost-<i // NODES_PER_HOST>``
 NODES_PER_HOST = 8
+#: nodes played by one fleet process: one process for thousands would be bound by its own GIL
+#: (its handshakes, heartbeats and reports), and measure itself rather than the driver
+NODES_PER_PROCESS = 256
 #: each simulated node runs two threads (agent, TF process): small stacks keep thousands cheap
 THREAD_STACK = 256 * 1024
 #: what a simulated node does: the subset of :class:`Does` the fleet plays
@@ -53,9 +60,10 @@ class FleetSpark(FakeSpark):
     """:class:`FakeSpark` whose barrier stage runs its nodes in a separate fleet process.
     ``behaviour(i, attempt)`` is one of FLEET_DOES."""
 
-    def __init__(self, slots: int, behaviour=None, run_secs: float = 1.0):
+    def __init__(self, slots: int, behaviour=None, run_secs: float = 1.0, stats: str = ""):
         super().__init__(slots, behaviour, run_secs)
         self.processes: list[subprocess.Popen] = []
+        self.stats = stats  # where each fleet process writes its figures (see run_fleet)
 
     def barrier_stage(self, n: int, bootstrap):
         cluster: M.ClusterConfig = bootstrap.cluster
@@ -66,24 +74,33 @@ class FleetSpark(FakeSpark):
             does = [self.behaviour(i, cluster.attempt) for i in range(n)]
             if any(d not in FLEET_DOES for d in does):
                 raise TFOSError(f"the fleet plays {[d.name for d in FLEET_DOES]} only")
-            proc = subprocess.Popen([sys.executable, "-m", "tfos.testing.fleet", "--run-secs", str(self.run_secs),
-                                     "--does", ",".join(d.name for d in does)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None)
-            with self._lock:
-                self.started += [(i, cluster.attempt) for i in range(n)]
-                self.processes.append(proc)
+            procs = []
             try:
-                proc.stdin.write(M.encode(cluster) + b"\n")
-                proc.stdin.close()
-                while proc.poll() is None:  # the barrier tasks hold their slots until the nodes end
+                for first in range(0, n, NODES_PER_PROCESS):
+                    last = min(n, first + NODES_PER_PROCESS)
+                    stats = f"{self.stats}.{first}" if self.stats else ""
+                    proc = subprocess.Popen([sys.executable, "-m", "tfos.testing.fleet", "--run-secs",
+                                             str(self.run_secs), "--first", str(first), "--stats", stats,
+                                             "--does", ",".join(d.name for d in does[first:last])],
+                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None)
+                    procs.append(proc)
+                    with self._lock:
+                        self.processes.append(proc)
+                    proc.stdin.write(M.encode(cluster) + b"\n")
+                    proc.stdin.close()
+                with self._lock:
+                    self.started += [(i, cluster.attempt) for i in range(n)]
+                while any(p.poll() is None for p in procs):  # the barrier tasks hold their slots until the nodes end
                     if cancelled.wait(0.2):
                         raise TFOSError("the fleet's barrier stage was cancelled")
                 if cluster.input_mode != InputMode.TENSORFLOW:
                     return [f"node {i}: STARTED" for i in range(n)]
                 return [f"node {i}: ended" for i in range(n)]
             finally:
-                if proc.poll() is None:
-                    proc.terminate()
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.terminate()
+                for proc in procs:
                     try:
                         proc.wait(10)
                     except subprocess.TimeoutExpired:
@@ -101,6 +118,8 @@ class SimulatedNode:
         self.stop = threading.Event()  # the driver asked this node to stop
         self.ended = threading.Event()  # the TF process reported its exit
         self.process_registered = threading.Event()
+        self.rtts: list[float] = []  # heartbeat round trips, seconds
+        self.reports = 0
         self.agent = threading.Thread(target=self._agent, name=f"agent-{index}", daemon=True)
         self.process = threading.Thread(target=self._process, name=f"tf-{index}", daemon=True)
 
@@ -123,7 +142,9 @@ class SimulatedNode:
             while not self.ended.is_set():
                 if self.does is Does.GO_SILENT and self.process_registered.is_set():
                     return  # a lost host: nothing more is sent
+                t0 = time.monotonic()
                 reply = client.heartbeat_reply(timeout=c.heartbeat_timeout)  # as the node agent
+                self.rtts.append(time.monotonic() - t0)
                 if reply.stop:
                     self.stop.set()
                 if reply.dump > answered:
@@ -132,7 +153,7 @@ class SimulatedNode:
                                                    f"in run_node\n", f"fleet node {self.index}: last log line")
                 self.ended.wait(max(0.05, c.heartbeat_interval))
         except (TFOSError, OSError) as e:
-            logger.debug("fleet node %d's agent: %s", self.index, e)
+            logger.warning("fleet node %d's agent: %s", self.index, e)  # the driver will see it lost
         finally:
             client.close()
 
@@ -160,7 +181,11 @@ class SimulatedNode:
             step = 0
             while not self.stop.is_set() and time.monotonic() < end:
                 step += 1
-                client.report({"step": step}, [])
+                try:
+                    client.report({"step": step}, [])
+                    self.reports += 1
+                except (TFOSError, OSError) as e:  # as the TF process's reporter: dropped, not fatal
+                    logger.debug("fleet node %d's report not delivered: %s", self.index, e)
                 self.stop.wait(min(max(0.05, c.report_interval), max(0.0, end - time.monotonic())))
             if not self.stop.is_set():
                 code = 0 if self.does is Does.FINISH else 1
@@ -169,36 +194,99 @@ class SimulatedNode:
             client.close()
             self._client().node_exited(code, trace, "", "", stopped_by_driver=self.stop.is_set(), reason="")
         except (TFOSError, OSError) as e:
-            logger.debug("fleet node %d's TF process: %s", self.index, e)
+            logger.warning("fleet node %d's TF process: %s", self.index, e)
         finally:
             client.close()
             if self.does is not Does.GO_SILENT:
                 self.ended.set()
 
 
-def run_fleet(cluster: M.ClusterConfig, does: list[Does], run_secs: float) -> None:
+def percentile(values: list[float], q: float) -> float:
+    """Pure: the ``q`` quantile (0..1) of ``values`` by the nearest rank; 0.0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
+
+
+def run_fleet(cluster: M.ClusterConfig, does: list[Does], run_secs: float, stats: str = "", first: int = 0) -> None:
+    """Play nodes ``first`` .. ``first + len(does) - 1`` of ``cluster`` until they end."""
     from tfos.host import limits
 
     threading.stack_size(THREAD_STACK)
     limits.ensure_open_files(len(does))  # two connections per node here, as the driver has
-    nodes = [SimulatedNode(cluster, i, d, run_secs) for i, d in enumerate(does)]
+    nodes = [SimulatedNode(cluster, first + k, d, run_secs) for k, d in enumerate(does)]
     for node in nodes:
         node.start()
     deadline = time.monotonic() + cluster.reservation_timeout + run_secs + 120
     for node in nodes:
         if node.does is not Does.GO_SILENT:
             node.ended.wait(max(0.0, deadline - time.monotonic()))
+    if stats:
+        rtts = [r for node in nodes for r in node.rtts]
+        with open(stats, "w") as f:
+            json.dump({"heartbeats": len(rtts), "reports": sum(n.reports for n in nodes), "rtts": rtts}, f)
+
+
+def feed_load(host: str, port: int, key: M.ChannelKey, cluster_id: str, nodes: int, feeders: int, secs: float,
+              gated: bool, rows: int = 256) -> dict:
+    """Feeding tasks and gated nodes against the feed scheduler of the driver at ``host:port``
+    (its ``nodes`` nodes registered): ``feeders`` threads ask where chunks of ``rows`` rows go,
+    each on one connection, for ``secs`` seconds; with ``gated``, every node also waits at its
+    gate for the next ``rows`` rows (as equal steps do), on its own connection, again and again.
+    Returns the decisions made, per second, and the gate answers."""
+    threading.stack_size(THREAD_STACK)
+    stop = threading.Event()
+    counts = {"decisions": 0, "gates": 0}
+    lock = threading.Lock()
+
+    def feeder():
+        client = DriverClient(host, port, key, cluster_id)
+        with client.session(timeout=60.0):
+            while not stop.is_set():
+                client.assign_chunk("load", rows)
+                with lock:
+                    counts["decisions"] += 1
+
+    def gate(node):
+        client = DriverClient(host, port, key, cluster_id, node)
+        need = rows
+        with client.session(timeout=60.0):
+            while not stop.is_set():
+                reply = client.feed_gate("load", need, wait=1.0)
+                need = max(need, reply.safe + rows)
+                with lock:
+                    counts["gates"] += 1
+
+    threads = [threading.Thread(target=gate, args=(i,), daemon=True) for i in range(nodes if gated else 0)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0 if gated else 0.0)  # every gate waiting before the clock starts
+    start = dict(counts)
+    feeding = [threading.Thread(target=feeder, daemon=True) for _ in range(feeders)]
+    t0 = time.monotonic()
+    for t in feeding:
+        t.start()
+    time.sleep(secs)
+    stop.set()
+    made = counts["decisions"] - start["decisions"]
+    took = time.monotonic() - t0
+    for t in feeding + threads:
+        t.join(5)
+    return {"decisions": made, "per_sec": made / took, "gate_answers": counts["gates"] - start["gates"]}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="simulated tfos nodes (see tfos.testing.fleet)")
     p.add_argument("--run-secs", type=float, required=True)
     p.add_argument("--does", required=True, help="comma-separated Does names, one per node")
+    p.add_argument("--first", type=int, default=0, help="the index of the first node this process plays")
+    p.add_argument("--stats", default="", help="write the fleet's figures (JSON) to this file")
     args = p.parse_args(argv)
     cluster = M.decode(sys.stdin.buffer.readline())
     if not isinstance(cluster, M.ClusterConfig):
         raise TFOSError(f"the fleet expects a ClusterConfig on stdin, got {type(cluster).__name__}")
-    run_fleet(cluster, [Does[name] for name in args.does.split(",")], args.run_secs)
+    run_fleet(cluster, [Does[name] for name in args.does.split(",")], args.run_secs, args.stats, args.first)
     return 0
 
 

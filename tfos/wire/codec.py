@@ -20,21 +20,29 @@ PROTOCOL_VERSION = 5
 _MAX_INT = 2 ** 63
 
 _REGISTRY: dict[str, type] = {}
+_REGISTERED: set[type] = set()  # _REGISTRY's classes, for a constant-time membership test
 _HINTS: dict[type, dict] = {}
+_FIELDS: dict[type, tuple] = {}  # class -> ((name, type, required), ...): what decoding checks, once per class
+_NAMES: dict[type, tuple] = {}  # class -> its field names, for encoding
+_SHAPES: dict = {}  # annotation -> (typing.get_origin, typing.get_args)
 
 
 def message(cls):
     """Class decorator: a frozen dataclass in the registry (it can travel as a JSON frame)."""
     cls = dataclass(frozen=True)(cls)
     _REGISTRY[cls.__name__] = cls
+    _REGISTERED.add(cls)
     return cls
 
 
 # --------------------------------------------------------------------------- codec
 
 def _to_wire(value):
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    names = _NAMES.get(type(value))
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+    if names is not None:
+        return {name: _to_wire(getattr(value, name)) for name in names}
     if isinstance(value, (list, tuple)):
         return [_to_wire(v) for v in value]
     if isinstance(value, dict):
@@ -91,16 +99,25 @@ def _hints(cls) -> dict:
     return hints
 
 
+def _fields(cls) -> tuple:
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        hints = _hints(cls)
+        fields = _FIELDS[cls] = tuple(
+            (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls))
+    return fields
+
+
 def _build(cls, body, where: str):
     if not isinstance(body, dict):
         raise ProtocolError(f"{where}: expected an object")
-    hints = _hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in body:
-            kwargs[f.name] = _check(hints[f.name], body[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{where}: missing field {f.name!r}")
+    for name, tp, required in _fields(cls):
+        if name in body:
+            kwargs[name] = _check(tp, body[name], f"{where}.{name}")
+        elif required:
+            raise ProtocolError(f"{where}: missing field {name!r}")
     return cls(**kwargs)
 
 
@@ -108,14 +125,16 @@ def _check(tp, value, where: str):
     """``value`` (decoded JSON) as type ``tp``, or ProtocolError."""
     if tp is Any:
         return value
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    shape = _SHAPES.get(tp)
+    if shape is None:
+        shape = _SHAPES[tp] = (typing.get_origin(tp), typing.get_args(tp))
+    origin, args = shape
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
         return _check(inner[0], value, where)
-    if tp in _REGISTRY.values():
+    if tp in _REGISTERED:
         return _build(tp, value, where)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):  # a str enum travels as its value
         try:

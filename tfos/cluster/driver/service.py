@@ -45,9 +45,10 @@ class ControlService:
             M.StoreDelete: registry.on_store_delete,
         }
         self.handlers.update(handlers)
-        connections, backlog = limits.listener_sizes(len(registry.roles))
+        connections, backlog, handshake = limits.listener_sizes(len(registry.roles))
         self._listener = Listener(key, self._serve, f"control-{registry.cluster_id}", bind_host,
-                                  max_data_frame=0, port=port, max_connections=connections, backlog=backlog)
+                                  max_data_frame=0, port=port, max_connections=connections, backlog=backlog,
+                                  handshake_timeout=handshake)
         self.port = self._listener.port
 
     def start(self) -> "ControlService":

@@ -71,13 +71,17 @@ def cpu(who=resource.RUSAGE_SELF) -> float:
     return r.ru_utime + r.ru_stime
 
 
+def system_cpu() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 def measure(n: int, run_secs: float) -> dict:
     from tfos import TFCluster
     from tfos.testing.fleet import NODES_PER_PROCESS, FleetSpark
 
     stats = os.path.join(tempfile.mkdtemp(prefix="tfos-scale-"), "fleet.json")
     spark = FleetSpark(n, run_secs=run_secs, stats=stats)
-    per_request = 0.0
+    per_request = system_share = 0.0
     with Sampler() as s:
         c0, t0, f0 = cpu(), time.monotonic(), cpu(resource.RUSAGE_CHILDREN)
         cluster = TFCluster.reserve(spark, n, progress=False, heartbeat_interval=1.0, report_interval=1.0)
@@ -88,9 +92,10 @@ def measure(n: int, run_secs: float) -> dict:
             t2 = time.monotonic()
             window = run_secs / 2  # the nodes run: a heartbeat and a report per node per second
             time.sleep(min(1.0, window / 4))
-            w0, wc = time.monotonic(), cpu()
+            w0, wc, ws = time.monotonic(), cpu(), system_cpu()
             time.sleep(window)
             per_request = (cpu() - wc) / ((time.monotonic() - w0) * 2 * n)
+            system_share = (system_cpu() - ws) / max(1e-9, cpu() - wc)
             cluster.shutdown(timeout=run_secs + 600)
         except Exception as e:  # a failed start at this size is a result too
             t2 = time.monotonic()
@@ -112,7 +117,7 @@ def measure(n: int, run_secs: float) -> dict:
             pass
     fleet = {"rtt_p50": percentile(rtts, 0.5), "rtt_p99": percentile(rtts, 0.99)}
     return {"n": n, "reserve": t1 - t0, "start": t2 - t1, "shutdown": max(0.0, t3 - t2 - run_secs),
-            "cpu": used, "fleet_cpu": fleet_cpu, "per_request_us": per_request * 1e6, "rtt_p50_ms": fleet["rtt_p50"] * 1e3,
+            "cpu": used, "fleet_cpu": fleet_cpu, "per_request_us": per_request * 1e6, "system_share": system_share, "rtt_p50_ms": fleet["rtt_p50"] * 1e3,
             "rtt_p99_ms": fleet["rtt_p99"] * 1e3, "threads": s.threads, "files": s.files, "rss_mb": s.rss_mb,
             "lost": lost, "error": error}
 
@@ -146,6 +151,58 @@ def detection(n: int) -> float:
     if not seen or seen[0][1] is None:
         return float("nan")
     return seen[0][0] - seen[0][1]
+
+
+def close_feeds(n: int, delay: float = 0.05) -> float:
+    """Seconds the driver's close_feeds takes to end the feeds of ``n`` nodes whose hubs (in a
+    process of their own) each answer after ``delay`` seconds."""
+    from types import SimpleNamespace
+
+    from tfos.cluster.driver.registry import NodeRegistry
+    from tfos.feed.driver.jobs import FeedJobs
+    from tfos.feed.driver.scheduler import FeedScheduler
+    from tfos.host import limits
+    from tfos.wire import messages as M
+    from tfos.wire.channel import new_key
+
+    limits.ensure_open_files(n)
+    key = new_key(encrypt=True)
+    code = ("import json, sys; from tfos.wire import messages as M; from tfos.testing.fleet import feed_hubs; "
+            "from tfos.host import limits; limits.ensure_open_files(%d); "
+            "key = M.decode(sys.stdin.buffer.readline()); hubs = feed_hubs(%d, key, %r); "
+            "print(json.dumps([h.port for h in hubs]), flush=True); sys.stdin.read()" % (n, n, delay))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        proc.stdin.write(M.encode(key) + b"\n")
+        proc.stdin.flush()
+        ports = json.loads(proc.stdout.readline())
+        reg = NodeRegistry("close", [("worker", i) for i in range(n)])
+        for i, port in enumerate(ports):
+            reg.on_register(M.RegisterNode("close", M.NodeInfo(i, "worker", i, "127.0.0.1", 0, port, 1000 + i)))
+        jobs = FeedJobs(None, reg, FeedScheduler(reg, list(range(n))), None, SimpleNamespace(key=key), None, None)
+        t0 = time.monotonic()
+        unreached = jobs.close_feeds(timeout=60)
+        took = time.monotonic() - t0
+        if unreached:
+            raise RuntimeError(f"close_feeds did not reach {len(unreached)} nodes: {unreached[0]}")
+        return took
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
+def stall_report_bytes(n: int, distinct: bool) -> int:
+    """The size of the driver's stall report for ``n`` nodes, each with a 40-line log tail."""
+    from tfos.cluster.driver import stall
+
+    def dump(line):
+        return (f"Thread 0x00007f{line:08x} (most recent call first):\n"
+                f'  File "/x/site-packages/tensorflow/ops.py", line 10 in all_reduce\n'
+                f'  File "/home/u/train.py", line {line} in main_fun\n') * (20 if distinct else 1)
+
+    nodes = [(f"node {i} (worker:{i} on fakehost-{i // 8})", dump(1000 + i if distinct else 42 + (i == 5)),
+              f"log line of node {i}\n" * 40) for i in range(n)]
+    return len(stall.stall_message(300, nodes).encode())
 
 
 def feed_decisions(n: int, gated: bool, secs: float = 5.0) -> dict:
@@ -207,7 +264,7 @@ def main(argv=None) -> None:
         rows.append(r)
         print(f"| {n} | {r['reserve']:.2f} | {r['start']:.2f} | {r['shutdown']:.2f} | {r['cpu']:.1f} | "
               f"{r['fleet_cpu']:.1f} | "
-              f"{r['per_request_us']:.0f} | {r['rtt_p50_ms']:.1f} / {r['rtt_p99_ms']:.1f} | {r['threads']} | "
+              f"{r['per_request_us']:.0f} ({r['system_share']:.0%} system) | {r['rtt_p50_ms']:.1f} / {r['rtt_p99_ms']:.1f} | {r['threads']} | "
               f"{r['files']} | {r['rss_mb']} | {r['lost']} | {r['error']} |", flush=True)
     for key in ("start", "cpu"):
         k = exponent(rows, key)
@@ -215,8 +272,11 @@ def main(argv=None) -> None:
     if args.skip_extra:
         return
     n = max(sizes)
+    print(f"stall report at 2,048 nodes: {stall_report_bytes(2048, False) / 1e3:.0f} kB with one stack shared by "
+          f"all but one rank, {stall_report_bytes(2048, True) / 1e3:.0f} kB with every rank's stack different")
     print(f"killed agent detected after {detection(n):.2f} s at {n} nodes (heartbeat_interval 1 s)", flush=True)
     feed_n = min(512, n)
+    print(f"close_feeds at {feed_n} nodes (each hub answers after 50 ms): {close_feeds(feed_n):.2f} s", flush=True)
     for gated in (False, True):
         r = feed_decisions(feed_n, gated)
         print(f"feed decisions/s at {feed_n} nodes, {'every node at its gate' if gated else 'no gate waiting'}: "

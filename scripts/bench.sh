@@ -5,7 +5,7 @@ TFOS_EXTRAS="tf,spark,test,gloo"
 TFOS_PINS="torch==2.13.0"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
-name="${1:?usage: scripts/bench.sh feed|feed_consumer|allreduce|startup|restart|hdfs_io|security [args]}"; shift
+name="${1:?usage: scripts/bench.sh feed|feed_consumer|allreduce|startup|restart|hdfs_io|security|scale [args]}"; shift
 if [ "$name" = "feed" ] || [ "$name" = "startup" ]; then  # the reference: TensorFlowOnSpark 2.2.5
   if ! python -c "import tensorflowonspark" 2>/dev/null; then
     python -m pip install -q --no-deps "tensorflowonspark==2.2.5"

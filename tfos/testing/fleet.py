@@ -18,7 +18,8 @@ from host ``fakehost-<i // 8>``, waits for the cluster spec, reports progress ev
 ``bench/scale.py`` times the phases from 64 to 2,048 nodes. Each process plays up to
 NODES_PER_PROCESS nodes. With ``stats=path`` each writes its heartbeats' round trips and the
 reports it sent to ``path.<first node>`` (JSON) when it ends.
-:func:`feed_load` plays feeding tasks and gated nodes against a driver's feed scheduler.
+:func:`feed_load` plays feeding tasks and gated nodes against a driver's feed scheduler, and
+:func:`feed_hubs` the nodes' feed hubs that a driver ends feeds on (``close_feeds``).
 """
 
 from __future__ import annotations
@@ -274,6 +275,22 @@ def feed_load(host: str, port: int, key: M.ChannelKey, cluster_id: str, nodes: i
     for t in feeding + threads:
         t.join(5)
     return {"decisions": made, "per_sec": made / took, "gate_answers": counts["gates"] - start["gates"]}
+
+
+def feed_hubs(count: int, key: M.ChannelKey, delay: float = 0.0) -> list:
+    """``count`` started listeners that answer a feed's end as a node's feed hub does (after
+    ``delay`` seconds: a node whose queue is full takes a while); the caller closes them."""
+    from tfos.wire.listener import Listener
+
+    def serve(ch: Channel) -> None:
+        msg = ch.recv()
+        if not isinstance(msg, M.FeedEnd):
+            raise TFOSError(f"a feed hub takes FeedEnd here, not {type(msg).__name__}")
+        time.sleep(delay)
+        ch.send(M.FeedAck(msg.rows))
+
+    threading.stack_size(THREAD_STACK)
+    return [Listener(key, serve, f"hub-{i}", "127.0.0.1").start() for i in range(count)]
 
 
 def main(argv=None) -> int:

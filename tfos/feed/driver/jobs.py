@@ -8,6 +8,7 @@ raises the nodes' error if any node failed; ``abort`` fails the cluster).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import time
@@ -24,8 +25,29 @@ from tfos.wire.clients import end_feed
 logger = logging.getLogger(__name__)
 
 
+#: nodes told at once that a feed ended (each call waits for its hub, which may wait for room in
+#: a full queue: one at a time, a slow node held up the rest, and 512 nodes took 512 round trips)
+END_FEED_PARALLEL = 64
+
+
 def is_dataframe(data) -> bool:
     return hasattr(data, "mapInArrow") and hasattr(data, "schema")
+
+
+def for_each_node(fn, nodes) -> list:
+    """``fn(node)`` for every node, END_FEED_PARALLEL at a time; what each returned, in order. The
+    first exception (in node order) is raised once every call ended (each has its own deadline)."""
+    nodes = list(nodes)
+    if len(nodes) <= 1:
+        return [fn(n) for n in nodes]
+    with concurrent.futures.ThreadPoolExecutor(min(END_FEED_PARALLEL, len(nodes)),
+                                               thread_name_prefix="tfos-end-feed") as pool:
+        futures = [pool.submit(fn, n) for n in nodes]
+        concurrent.futures.wait(futures)
+    for f in futures:
+        if f.exception() is not None:
+            raise f.exception()
+    return [f.result() for f in futures]
 
 
 class FeedJobs:
@@ -144,8 +166,8 @@ class FeedJobs:
         self.events.append({"name": f"feed job {cfg.feed_id}", "cat": "feed", "ph": "X", "ts": int(wall0 * 1e6),
                             "dur": int((time.time() - wall0) * 1e6),
                             "args": {"rows": total, "epochs": num_epochs, "per_node": str(per_node)}})
-        for node in cfg.feed_nodes:
-            self._end_feed(cfg, node, per_node.get(node, 0), totals, self.scheduler.level_of(cfg.feed_id, node))
+        for_each_node(lambda node: self._end_feed(cfg, node, per_node.get(node, 0), totals,
+                                                  self.scheduler.level_of(cfg.feed_id, node)), cfg.feed_nodes)
         secs = time.monotonic() - t0
         logger.info("tfos fed %d rows in %.1fs (%.0f rows/s); per node: %s", total, secs, total / max(secs, 1e-9),
                     per_node)
@@ -202,20 +224,21 @@ class FeedJobs:
         """Tell every feeding node that no more data will come (their feeds end). Returns the live
         nodes that could not be told, with why (a node that exited meanwhile is not one of them)."""
         c = self.cluster
-        unreached = []
-        for n in self.registry.registered():
-            if n.node_index not in self.scheduler.feed_ranks or not n.feed_port:
-                continue
-            if self.registry.snapshot().exited[n.node_index] is not None:
-                continue
+        snap, ranks = self.registry.snapshot(), set(self.scheduler.feed_ranks)
+
+        def close(n: M.NodeInfo) -> tuple[int, str] | None:
             try:
                 end_feed(n.host, n.feed_port, c.key, n.node_index, M.SHUTDOWN_FEED, "input", 0, timeout)
             except (TFOSError, OSError) as e:  # it may just have finished: its exit report is on the way
                 i = n.node_index
-                if not self.registry.wait_until(lambda snap: snap.exited[i] is not None, 5):
+                if not self.registry.wait_until(lambda s: s.exited[i] is not None, 5):
                     logger.error("could not end the feed of node %d: %s", i, e)
-                    unreached.append((i, str(e)))
-        return unreached
+                    return i, str(e)
+            return None
+
+        running = [n for n in self.registry.registered()
+                   if n.node_index in ranks and n.feed_port and snap.exited[n.node_index] is None]
+        return [r for r in for_each_node(close, running) if r is not None]
 
 
 def _partitions(data, connect: bool) -> int:

@@ -482,3 +482,122 @@ def test_an_encrypted_channel_keeps_a_send_stage_only_after_a_frame_larger_than_
     assert got[0].to_pybytes() == payload and (a._stage is not None) is kept
     a.close()
     b.close()
+
+
+def _frame(msg) -> bytes:
+    payload = M.encode(msg)
+    return C._HEADER.pack(C.KIND_JSON, len(payload)) + payload
+
+
+def test_kept_connections_wait_parked_without_a_thread_each(control):
+    """Thousands of nodes keep two connections each: they must not hold a driver thread each."""
+    import time
+
+    state, key, server = control
+    before = threading.active_count()
+    clients = [_client(server, key, node=i % 2).keep_connection() for i in range(60)]
+    for c in clients:
+        assert c.heartbeat_reply().stop is False
+    time.sleep(0.2)  # the connections' first threads hand them over and end
+    assert threading.active_count() - before < 10
+    for c in clients:  # every parked connection still answers
+        assert c.heartbeat_reply().stop is False
+        c.close()
+
+
+def test_a_request_that_waits_does_not_hold_up_the_quick_ones(control):
+    import time
+
+    state, key, server = control
+    waiting = _client(server, key, node=0).keep_connection()
+    waiting.heartbeat_reply()  # parked
+    answers = []
+    t = threading.Thread(target=lambda: answers.append(_spec_or_error(waiting, 1.5)))
+    t.start()
+    beats = _client(server, key, node=1).keep_connection()
+    t0 = time.monotonic()
+    for _ in range(20):
+        beats.heartbeat_reply()
+    assert time.monotonic() - t0 < 1.0 and answers == []  # answered while the spec wait goes on
+    t.join(10)
+    assert "did not register" in answers[0]
+    assert waiting.heartbeat_reply().stop is False  # its connection is parked again after the wait
+    waiting.close()
+    beats.close()
+
+
+def _spec_or_error(client, wait):
+    from tfos.errors import RequestRefused
+
+    try:
+        return client.cluster_spec(wait)
+    except RequestRefused as e:
+        return str(e)
+
+
+def test_requests_sent_together_are_all_answered_in_order(control):
+    """Two requests in one write (one encrypted record): the second is already read when the first
+    is answered, so no selector would report it."""
+    state, key, server = control
+    ch = C.Channel.connect("127.0.0.1", server.port, key, timeout=5)
+    ch.settimeout(5)
+    assert isinstance(ch.request(M.Heartbeat("cid", 1)), M.HeartbeatReply)  # parked now
+    state.request_stop([1])
+    ch._sendall_parts([memoryview(_frame(M.Heartbeat("cid", 1))), memoryview(_frame(M.Heartbeat("cid", 0)))])
+    assert ch.recv() == M.HeartbeatReply(stop=True) and ch.recv() == M.HeartbeatReply(stop=False)
+    ch.close()
+
+
+def test_a_malformed_request_on_a_parked_connection_is_answered_and_closes_it(control):
+    from tfos.errors import ChannelClosed
+
+    state, key, server = control
+    ch = C.Channel.connect("127.0.0.1", server.port, key, timeout=5)
+    ch.settimeout(5)
+    ch.request(M.Heartbeat("cid", 1))
+    ch._sendall_parts([memoryview(C._HEADER.pack(C.KIND_JSON, 5) + b"{oops")])
+    reply = ch.recv()
+    assert isinstance(reply, M.ErrorReply) and "JSON" in reply.message
+    with pytest.raises(ChannelClosed):
+        ch.recv()
+    assert state.failures == []  # and nothing changed
+    ch.close()
+
+
+def test_a_parked_connection_silent_for_the_idle_timeout_is_closed_and_its_agent_lost(control):
+    import time
+
+    from tfos.errors import ChannelClosed
+
+    state, key, server = control
+    server._listener.idle_timeout = 0.3
+    _client(server, key, node=1).agent_started("h", 101, 201, "/log")
+    ch = C.Channel.connect("127.0.0.1", server.port, key, timeout=5)
+    ch.settimeout(5)
+    ch.request(M.Heartbeat("cid", 1))
+    with pytest.raises(ChannelClosed):  # the sweep runs every second
+        ch.recv()
+    deadline = time.monotonic() + 5
+    while state.nodes[1].disconnected_at is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state.nodes[1].disconnected_at is not None
+    ch.close()
+
+
+@pytest.mark.parametrize("msg,waits", [
+    (M.Heartbeat("c", 0), False),
+    (M.Report("c", 0, {"step": 1}, []), False),
+    (M.Report("c", 0, {}, [], history=[{"loss": 1.0}]), True),  # the MLflow run's metrics: a call out
+    (M.Report("c", 0, {}, [], output=["a line"]), True),  # printed on the driver's console
+    (M.RegisterNode("c", M.NodeInfo(0, "worker", 0, "h", 1, 0, 2)), False),
+    (M.AssignChunk("c", "f", 10), False),
+    (M.GetClusterSpec("c", 0, 60.0), True),
+    (M.FeedGate("c", 0, "f", 10), True),
+    (M.Gather("c", 0, "k", 1), True),
+    (M.StoreGet("c", 0, "s", ("k",), 1.0), True),
+    (M.GetNodeFailure("c", 0, 1.0), True),
+])
+def test_which_requests_get_a_thread_of_their_own(msg, waits):
+    from tfos.cluster.driver import service
+
+    assert service.waits(msg) is waits

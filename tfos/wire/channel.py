@@ -217,6 +217,11 @@ class Channel:
             return kind, self._recv_data(size)
         raise ProtocolError(f"unknown frame kind {kind!r} from {self.peer}")
 
+    def buffered(self) -> bool:
+        """Bytes of the stream already received and opened but not yet read (an encrypted record
+        that held more than one frame): a selector would not see them."""
+        return self._pending.nbytes > 0
+
     def recv(self):
         kind, value = self.recv_frame()
         if kind != KIND_JSON:

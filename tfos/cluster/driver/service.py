@@ -2,7 +2,13 @@
 to (runs on the driver). Requests are typed messages dispatched by type to the node registry
 and to the handlers the cluster adds (the feed scheduler's: ``FeedScheduler.handlers()``, passed
 in by ``tfos.api``, so this package does not import the feed); one reply each. No Arrow frames
-are accepted on this channel."""
+are accepted on this channel.
+
+After its first request a connection is parked (``wire.listener.Parking``): one thread waits on
+every idle connection and answers the quick requests itself (a heartbeat, a report, a
+registration: a lock and a dict update); a request that may wait (the cluster spec, a gate, a
+gather, a store read, a save poll) gets a thread of its own. Thousands of nodes' heartbeats and
+reports then cost no thread each and no hand-over of the GIL per request."""
 
 from __future__ import annotations
 
@@ -14,9 +20,23 @@ from tfos.errors import ChannelClosed, ConfigError, ProtocolError
 from tfos.host import limits
 from tfos.wire import messages as M
 from tfos.wire.channel import Channel
-from tfos.wire.listener import Listener
+from tfos.wire.listener import Listener, Parking
 
 logger = logging.getLogger(__name__)
+
+#: requests answered by the parking thread itself: they take a lock and change a few fields, never
+#: wait (a report is one too unless it carries MLflow history or printed lines for the console)
+QUICK = frozenset({M.Heartbeat, M.AgentStarted, M.RegisterNode, M.NodeExited, M.NodeStacks, M.LogModel,
+                   M.NodeResult, M.CheckpointSaved, M.AssignChunk, M.FeedTerminated, M.FeedPosition, M.StoreSet,
+                   M.StoreAdd, M.StoreCompareSet, M.StoreDelete})
+
+
+def waits(msg) -> bool:
+    """Pure: whether answering ``msg`` may block (a long poll, or a call out to MLflow or the
+    console): it then gets a thread of its own instead of the parking thread."""
+    if type(msg) is M.Report:
+        return bool(msg.history or msg.output)
+    return type(msg) not in QUICK
 
 
 class ControlService:
@@ -50,6 +70,7 @@ class ControlService:
                                   max_data_frame=0, port=port, max_connections=connections, backlog=backlog,
                                   handshake_timeout=handshake)
         self.port = self._listener.port
+        self._parking = Parking(self._listener, self._reply, waits, self._closed)
 
     def start(self) -> "ControlService":
         self._listener.start()
@@ -57,6 +78,7 @@ class ControlService:
 
     def stop(self) -> None:
         self._listener.close()
+        self._parking.close()
 
     def handle(self, msg):
         """The reply to one request."""
@@ -73,23 +95,34 @@ class ControlService:
             logger.exception("tfos control service failed on %s", type(msg).__name__)
             return M.ErrorReply(f"driver error: {e}")
 
-    def _serve(self, ch: Channel) -> None:
-        agent = None  # (cluster id, node index) whose heartbeats this connection carried
+    def _serve(self, ch: Channel):
+        """A new connection's first request; then it waits parked for the next."""
+        state: dict = {}  # "agent": (cluster id, node index) whose heartbeats this connection carries
         try:
-            while True:
-                try:
-                    msg = ch.recv()
-                except ChannelClosed:
-                    return
-                except ProtocolError as e:  # answered (by the listener), then closed: framing may be lost
-                    raise ProtocolError(f"bad request: {e}") from None
-                reply = self.handle(msg)
-                if isinstance(msg, M.Heartbeat) and isinstance(reply, M.HeartbeatReply):
-                    agent = (msg.cluster_id, msg.node_index)
-                ch.send(reply)
-        finally:  # however it ended: an agent that does not come back soon is gone (lifecycle.agent_lost)
-            if agent is not None:
-                self.registry.on_agent_disconnected(*agent)
+            try:
+                msg = ch.recv()
+            except ChannelClosed:
+                return None
+            except ProtocolError as e:  # answered (by the listener), then closed: framing may be lost
+                raise ProtocolError(f"bad request: {e}") from None
+            ch.send(self._reply(ch, state, msg))
+        except BaseException:
+            self._closed(state)
+            raise
+        return self._parking.park(ch, state)
+
+    def _reply(self, ch: Channel, state: dict, msg):
+        reply = self.handle(msg)
+        if isinstance(msg, M.Heartbeat) and isinstance(reply, M.HeartbeatReply):
+            state["agent"] = (msg.cluster_id, msg.node_index)
+        return reply
+
+    def _closed(self, state: dict) -> None:
+        """However a connection ended: an agent that does not come back soon is gone
+        (lifecycle.agent_lost)."""
+        agent = state.get("agent")
+        if agent is not None:
+            self.registry.on_agent_disconnected(*agent)
 
 
 def listen(registry: NodeRegistry, handlers: dict, key: M.ChannelKey, address) -> "ControlService":

@@ -75,7 +75,7 @@ def system_cpu() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
-def measure(n: int, run_secs: float) -> dict:
+def measure(n: int, run_secs: float, report_interval: float = 1.0) -> dict:
     from tfos import TFCluster
     from tfos.testing.fleet import NODES_PER_PROCESS, FleetSpark
 
@@ -84,7 +84,7 @@ def measure(n: int, run_secs: float) -> dict:
     per_request = system_share = 0.0
     with Sampler() as s:
         c0, t0, f0 = cpu(), time.monotonic(), cpu(resource.RUSAGE_CHILDREN)
-        cluster = TFCluster.reserve(spark, n, progress=False, heartbeat_interval=1.0, report_interval=1.0)
+        cluster = TFCluster.reserve(spark, n, progress=False, heartbeat_interval=1.0, report_interval=report_interval)
         t1 = time.monotonic()
         error = ""
         try:
@@ -94,7 +94,7 @@ def measure(n: int, run_secs: float) -> dict:
             time.sleep(min(1.0, window / 4))
             w0, wc, ws = time.monotonic(), cpu(), system_cpu()
             time.sleep(window)
-            per_request = (cpu() - wc) / ((time.monotonic() - w0) * 2 * n)
+            per_request = (cpu() - wc) / ((time.monotonic() - w0) * (n + n / report_interval))
             system_share = (system_cpu() - ws) / max(1e-9, cpu() - wc)
             cluster.shutdown(timeout=run_secs + 600)
         except Exception as e:  # a failed start at this size is a result too
@@ -272,6 +272,9 @@ def main(argv=None) -> None:
     if args.skip_extra:
         return
     n = max(sizes)
+    beats = measure(min(512, n), args.run_secs, report_interval=3600.0)  # the first report only: heartbeats alone
+    print(f"driver CPU per heartbeat at {min(512, n)} nodes (no reports): {beats['per_request_us']:.0f} us "
+          f"({beats['system_share']:.0%} system)", flush=True)
     print(f"stall report at 2,048 nodes: {stall_report_bytes(2048, False) / 1e3:.0f} kB with one stack shared by "
           f"all but one rank, {stall_report_bytes(2048, True) / 1e3:.0f} kB with every rank's stack different")
     print(f"killed agent detected after {detection(n):.2f} s at {n} nodes (heartbeat_interval 1 s)", flush=True)

@@ -31,6 +31,11 @@ QUICK = frozenset({M.Heartbeat, M.AgentStarted, M.RegisterNode, M.NodeExited, M.
                    M.StoreAdd, M.StoreCompareSet, M.StoreDelete})
 
 
+#: the two replies of nearly every request (a report's, a heartbeat's with nothing to ask), encoded once
+_ACK = M.Encoded(M.Ack())
+_GO_ON = M.Encoded(M.HeartbeatReply(stop=False))
+
+
 def waits(msg) -> bool:
     """Pure: whether answering ``msg`` may block (a long poll, or a call out to MLflow or the
     console): it then gets a thread of its own instead of the parking thread."""
@@ -113,8 +118,13 @@ class ControlService:
 
     def _reply(self, ch: Channel, state: dict, msg):
         reply = self.handle(msg)
-        if isinstance(msg, M.Heartbeat) and isinstance(reply, M.HeartbeatReply):
-            state["agent"] = (msg.cluster_id, msg.node_index)
+        if type(reply) is M.HeartbeatReply:
+            if type(msg) is M.Heartbeat:
+                state["agent"] = (msg.cluster_id, msg.node_index)
+            if not reply.stop and not reply.dump:
+                return _GO_ON
+        elif type(reply) is M.Ack:
+            return _ACK
         return reply
 
     def _closed(self, state: dict) -> None:

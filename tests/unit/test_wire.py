@@ -601,3 +601,28 @@ def test_which_requests_get_a_thread_of_their_own(msg, waits):
     from tfos.cluster.driver import service
 
     assert service.waits(msg) is waits
+
+
+def test_a_request_cut_short_on_a_parked_connection_is_refused_and_the_others_go_on(control):
+    """The parking thread reads a request whole within REQUEST_DEADLINE of its first byte."""
+    import time
+
+    from tfos.errors import ChannelClosed
+
+    state, key, server = control
+    ch = C.Channel.connect("127.0.0.1", server.port, key, timeout=5)
+    ch.settimeout(10)
+    ch.request(M.Heartbeat("cid", 1))
+    frame = _frame(M.Heartbeat("cid", 1))
+    ch._sendall_parts([memoryview(frame[:3])]) if not key.encrypt else ch.sock.sendall(b"\x00\x00")
+    t0 = time.monotonic()
+    try:
+        reply = ch.recv()
+        assert isinstance(reply, M.ErrorReply) and "did not arrive whole" in reply.message
+    except ChannelClosed:
+        pass
+    assert time.monotonic() - t0 < 6
+    other = _client(server, key, node=0).keep_connection()
+    assert other.heartbeat_reply().stop is False
+    other.close()
+    ch.close()

@@ -186,6 +186,9 @@ class Parking:
         except OSError:
             pass
         self._incoming.put((ch, state))
+        if self._closing.is_set():  # closed meanwhile: nobody else will end it
+            self._drain_incoming()
+            return KEPT
         try:
             self._wake_w.send(b"\0")
         except OSError:  # closing, or the wake-up pipe is full (the loop is awake anyway)
@@ -215,11 +218,10 @@ class Parking:
                 return
             if self._closing.is_set():
                 self._end(ch, state)
-            elif ch.buffered():  # its next request was read with the last one: no selector would see it
-                self._register(ch, state)
-                self._serve(ch)
             else:
                 self._register(ch, state)
+                if ch.buffered() and ch in self._parked:  # its next request was read with the last one:
+                    self._serve(ch)  # no selector would see it
 
     def _register(self, ch: Channel, state: dict) -> None:
         try:
@@ -274,8 +276,7 @@ class Parking:
             try:
                 msg = ch.recv()
             except Exception as e:
-                self.listener.failed(ch, e)
-                self._end(ch, self._leave(ch))
+                self._drop(ch, self._leave(ch), e)
                 return
             entry[1] = time.monotonic()
             if self._waits(msg):
@@ -290,11 +291,29 @@ class Parking:
             try:
                 ch.send(self._handle(ch, entry[0], msg))
             except Exception as e:
-                self.listener.failed(ch, e)
-                self._end(ch, self._leave(ch))
+                self._drop(ch, self._leave(ch), e)
                 return
             if not ch.buffered():
                 return
+
+    def _drop(self, ch: Channel, state: dict, e: Exception) -> None:
+        """End a connection whose request failed with ``e``. A closed one ends here; any other gets
+        its error answered (which lingers up to 2 s for the peer to read it) in a thread of its
+        own, so that the parking thread goes on serving the others."""
+        if isinstance(e, ChannelClosed):
+            self._end(ch, state)
+            return
+        if isinstance(e, socket.timeout):
+            e = ProtocolError(f"a request from {ch.peer} did not arrive whole within {REQUEST_DEADLINE:.0f}s")
+
+        def answer():
+            self.listener.failed(ch, e)
+            self._end(ch, state)
+
+        try:
+            threading.Thread(target=answer, name=f"tfos-{self.listener.name}-refuse", daemon=True).start()
+        except RuntimeError:
+            self._end(ch, state)
 
     def _answer_and_park(self, ch: Channel, state: dict, msg) -> None:
         try:

@@ -153,12 +153,22 @@ def detection(n: int) -> float:
     return seen[0][0] - seen[0][1]
 
 
+def registered(cluster_id: str, hubs: list[tuple[str, int]]):
+    """A driver registry whose node i registered from ``hubs[i]`` = (host, feed port)."""
+    from tfos.cluster.driver.registry import NodeRegistry
+    from tfos.wire import messages as M
+
+    reg = NodeRegistry(cluster_id, [("worker", i) for i in range(len(hubs))])
+    for i, (host, port) in enumerate(hubs):
+        reg.on_register(M.RegisterNode(cluster_id, M.NodeInfo(i, "worker", i, host, 0, port, 1000 + i)))
+    return reg
+
+
 def close_feeds(n: int, delay: float = 0.05) -> float:
     """Seconds the driver's close_feeds takes to end the feeds of ``n`` nodes whose hubs (in a
     process of their own) each answer after ``delay`` seconds."""
     from types import SimpleNamespace
 
-    from tfos.cluster.driver.registry import NodeRegistry
     from tfos.feed.driver.jobs import FeedJobs
     from tfos.feed.driver.scheduler import FeedScheduler
     from tfos.host import limits
@@ -176,9 +186,7 @@ def close_feeds(n: int, delay: float = 0.05) -> float:
         proc.stdin.write(M.encode(key) + b"\n")
         proc.stdin.flush()
         ports = json.loads(proc.stdout.readline())
-        reg = NodeRegistry("close", [("worker", i) for i in range(n)])
-        for i, port in enumerate(ports):
-            reg.on_register(M.RegisterNode("close", M.NodeInfo(i, "worker", i, "127.0.0.1", 0, port, 1000 + i)))
+        reg = registered("close", [("127.0.0.1", port) for port in ports])
         jobs = FeedJobs(None, reg, FeedScheduler(reg, list(range(n))), None, SimpleNamespace(key=key), None, None)
         t0 = time.monotonic()
         unreached = jobs.close_feeds(timeout=60)
@@ -208,7 +216,6 @@ def stall_report_bytes(n: int, distinct: bool) -> int:
 def feed_decisions(n: int, gated: bool, secs: float = 5.0) -> dict:
     """The feed scheduler's decisions per second over the real control channel, ``n`` nodes
     registered, two feeding tasks; with ``gated`` every node waits at its gate meanwhile."""
-    from tfos.cluster.driver.registry import NodeRegistry
     from tfos.cluster.driver.service import ControlService
     from tfos.feed.driver.scheduler import FeedScheduler
     from tfos.host import limits
@@ -217,9 +224,7 @@ def feed_decisions(n: int, gated: bool, secs: float = 5.0) -> dict:
 
     limits.ensure_open_files(n)
     key = new_key(encrypt=True)
-    reg = NodeRegistry("load", [("worker", i) for i in range(n)])
-    for i in range(n):
-        reg.on_register(M.RegisterNode("load", M.NodeInfo(i, "worker", i, f"fakehost-{i // 8}", 0, 1000 + i, 0)))
+    reg = registered("load", [(f"fakehost-{i // 8}", 1000 + i) for i in range(n)])
     sched = FeedScheduler(reg, list(range(n)))
     service = ControlService(reg, sched.handlers(), key, "127.0.0.1").start()
     code = ("import json, sys; from tfos.wire import messages as M; from tfos.testing.fleet import feed_load; "

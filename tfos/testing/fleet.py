@@ -192,7 +192,6 @@ class SimulatedNode:
                 code = 0 if self.does is Does.FINISH else 1
                 if code:
                     trace = f"Traceback (most recent call last):\nRuntimeError: fleet node {self.index} failed on purpose"
-            client.close()
             self._client().node_exited(code, trace, "", "", stopped_by_driver=self.stop.is_set(), reason="")
         except (TFOSError, OSError) as e:
             logger.warning("fleet node %d's TF process: %s", self.index, e)

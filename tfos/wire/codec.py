@@ -21,7 +21,6 @@ _MAX_INT = 2 ** 63
 
 _REGISTRY: dict[str, type] = {}
 _REGISTERED: set[type] = set()  # _REGISTRY's classes, for a constant-time membership test
-_HINTS: dict[type, dict] = {}
 _FIELDS: dict[type, tuple] = {}  # class -> ((name, type, required), ...): what decoding checks, once per class
 _NAMES: dict[type, tuple] = {}  # class -> its field names, for encoding
 _SHAPES: dict = {}  # annotation -> (typing.get_origin, typing.get_args)
@@ -56,10 +55,9 @@ class Encoded:
     """A message encoded once and sent many times as it is (the cluster spec, to every node):
     :func:`encode` returns its bytes without encoding it again."""
 
-    __slots__ = ("message", "payload")
+    __slots__ = ("payload",)
 
     def __init__(self, msg):
-        self.message = msg
         self.payload = encode(msg)
 
 
@@ -91,18 +89,10 @@ def decode(data: bytes):
     return _build(cls, body, cls.__name__)
 
 
-def _hints(cls) -> dict:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = typing.get_type_hints(cls)
-        _HINTS[cls] = hints
-    return hints
-
-
 def _fields(cls) -> tuple:
     fields = _FIELDS.get(cls)
     if fields is None:
-        hints = _hints(cls)
+        hints = typing.get_type_hints(cls)
         fields = _FIELDS[cls] = tuple(
             (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
             for f in dataclasses.fields(cls))

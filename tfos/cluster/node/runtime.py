@@ -83,7 +83,6 @@ def run_node(cfg: M.NodeConfig) -> int:
     info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host,
                       tunnel.tf_port if tunnel else held.getsockname()[1], hub.port if hub else 0, os.getpid(),
                       tunnel.port if tunnel else 0, tunnel.mode if tunnel else "")
-    importing = None
     with DriverClient.for_node(cfg).session(timeout=c.reservation_timeout + 60.0) as start:  # one handshake
         start.register(info)
         importing = preimport_tensorflow() if c.preimport_tensorflow else None

@@ -173,11 +173,6 @@ class FeedScheduler:
             self._kept = (versions, live, {h: tuple(v) for h, v in hosts.items()})
         return self._kept[1], self._kept[2]
 
-    def nodes_on(self, host: str) -> tuple[int, ...]:
-        """The feeding nodes registered on ``host`` (an address as the nodes registered theirs)."""
-        with self._lock:
-            return self._live()[1].get(host, ())
-
     def new_attempt(self, feed_ranks: list[int] | None = None) -> None:
         """Forget which nodes terminated their feeds (a restart starts every node again); the new
         attempt's feeding nodes are ``feed_ranks`` when its size changed."""

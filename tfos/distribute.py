@@ -17,8 +17,9 @@ Keras 3 optimizers always aggregate inside ``apply_gradients``; for Keras 3 use
 
 On CPU-only hosts with PyTorch installed, the MWMS backend's ``ctx.strategy()`` also starts a
 Gloo group (:func:`init_gloo`), and ``allreduce_gradients`` then all-reduces over Gloo
-(:mod:`tfos.tf.gloo`) instead of TF's RING. Keras ``fit`` under the strategy still all-reduces
-through TF.
+(:mod:`tfos.tf.gloo`) instead of TF's RING; on a cluster with reducers (``reserve(...,
+num_reducers=R)``) it all-reduces through them (:mod:`tfos.tf.reduction`). Keras ``fit`` under
+the strategy still all-reduces through TF.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from tfos.tf import compression as _compression
 
 logger = logging.getLogger(__name__)
 
-_gloo = None  # the tfos.tf.gloo.Group of init_gloo
+_gloo = None  # the tfos.tf.gloo.Group (or tfos.tf.reduction.WorkerGroup) of init_gloo
+
+
+def _reduction_class():
+    from tfos.tf.reduction import WorkerGroup
+
+    return WorkerGroup
 
 
 def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | None = None,
@@ -49,10 +56,15 @@ def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | N
     resolver = strategy.cluster_resolver
     cluster = resolver.cluster_spec().as_dict()
     task = workers._task({"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}})
-    if task.size < 2 or workers._choose_implementation(implementation, communication) != "gloo":
+    chosen = workers._choose_implementation(implementation, communication) if task.size > 1 else "tf"
+    if chosen == "tf":
         return False
     timeout = timeout_seconds or workers.GLOO_TIMEOUT_SECONDS
     host, _ = workers._split_address(cluster[task.type][task.index])
+    if chosen == "reduction_server":
+        _gloo = _reduction_group(task, host, timeout)
+        logger.info("allreduce_gradients: the reduction server, worker %d of %d", task.rank, task.size)
+        return True
     store = gloo.node_store("distribute", timeout)  # in a tfos node: through the driver
     address = None
     if store is None:  # rank 0's TCPStore on a free port, which the others learn through the strategy
@@ -67,16 +79,45 @@ def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | N
     return True
 
 
-def allreduce_gradients(grads, compression: str | None = None):
+def _reduction_group(task, host: str, timeout: float):
+    """The process's reduction-server group (:mod:`tfos.tf.reduction`); in a tfos node only (outside
+    one, MWMS's TF server holds the port where worker 0 would host the rendezvous)."""
+    from tfos.cluster.node.control import node_config
+    from tfos.errors import ConfigError
+    from tfos.tf import reduction
+
+    if node_config() is None:
+        raise ConfigError("MWMS with the reduction server runs in a tfos cluster (reserve(..., num_reducers=R)); "
+                          "outside one use tfos.keras_dist.init_collectives(implementation='reduction_server')")
+    return reduction.worker_group(task.rank, task.size, host, timeout,
+                                  timeout_setting="backend_options={'timeout_seconds': ...}")
+
+
+def allreduce_gradients(grads, compression: str | None = None, implementation: str | None = None):
     """Sum ``grads`` (a list; None entries pass through) over all replicas of the current
-    strategy, in one batched collective. ``compression='fp16'`` casts float32/float64 gradients to
-    float16 for the transfer and back afterwards (pre-scaled by 1/replicas to avoid overflow)."""
+    strategy, in one batched collective. ``compression='fp16'`` (or 'bf16') casts float32/float64
+    gradients for the transfer and back afterwards (pre-scaled by 1/replicas to avoid overflow).
+
+    ``implementation``: None (what the strategy's backend started: Gloo, the reducers, or TF's
+    own), or ``'reduction_server'``: through the cluster's reducers (``reserve(...,
+    num_reducers=R)``), starting the group on first use if the backend did not."""
     import tensorflow as tf
 
+    global _gloo
     compression = _compression.check(compression)
     ctx = tf.distribute.get_replica_context()
     if ctx is None:
         raise RuntimeError("allreduce_gradients must run inside strategy.run (a replica context)")
+    if implementation not in (None, "reduction_server"):
+        raise ValueError(f"implementation must be None or 'reduction_server', not {implementation!r}")
+    if implementation == "reduction_server" and not isinstance(_gloo, _reduction_class()):
+        from tfos.tf import workers
+
+        resolver = tf.distribute.get_strategy().cluster_resolver
+        cluster = resolver.cluster_spec().as_dict()
+        task = workers._task({"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}})
+        _gloo = _reduction_group(task, workers._split_address(cluster[task.type][task.index])[0],
+                                 workers.GLOO_TIMEOUT_SECONDS)
     present = [(i, tf.convert_to_tensor(g)) for i, g in enumerate(grads) if g is not None]  # IndexedSlices: dense
     if not present:
         return list(grads)

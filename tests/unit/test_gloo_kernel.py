@@ -66,7 +66,7 @@ def test_the_build_is_keyed_by_its_sources_and_versions():
     assert key == gloo_kernel.source_key("tensorflow-cpu==2.21.0 torch==2.13.0 python 3.11 in /v")
     assert key != gloo_kernel.source_key("tensorflow-cpu==2.21.0 torch==2.14.0 python 3.11 in /v")
     assert key != gloo_kernel.source_key("tensorflow-cpu==2.21.0 torch==2.13.0 python 3.11 in /other")
-    assert {p.name for p in gloo_kernel.SOURCE.glob("*.cc")} == {"bridge.cc", "op.cc"}
+    assert {p.name for p in gloo_kernel.SOURCE.glob("*.cc")} == {"bridge.cc", "op.cc", "reduction.cc"}
 
 
 def test_a_failed_build_says_so_with_the_compilers_last_lines(cache, monkeypatch, tmp_path):

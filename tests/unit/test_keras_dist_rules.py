@@ -153,25 +153,31 @@ def test_no_autoshard():
     assert list(ds.as_numpy_iterator()) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("requested,communication,installed,gpus,expected", [
-    ("auto", "auto", True, 0, "gloo"),   # CPU host with PyTorch: Gloo by default
-    ("auto", "auto", False, 0, "tf"),    # no PyTorch: TF's RING (and a hint in the log)
-    ("auto", "auto", True, 2, "tf"),     # GPU host: NCCL through TF
-    ("auto", "ring", True, 0, "tf"),     # an explicit TF communication asks for TF
-    ("AUTO", "nccl", True, 0, "tf"),
-    ("tf", "auto", True, 0, "tf"),
-    ("gloo", "auto", True, 2, "gloo"),   # forced, even on GPU hosts
-    ("gloo", "auto", False, 0, ValueError),
-    ("mpi", "auto", True, 0, ValueError),
+@pytest.mark.parametrize("requested,communication,installed,gpus,reducers,expected", [
+    ("auto", "auto", True, 0, 0, "gloo"),   # CPU host with PyTorch: Gloo by default
+    ("auto", "auto", False, 0, 0, "tf"),    # no PyTorch: TF's RING (and a hint in the log)
+    ("auto", "auto", True, 2, 0, "tf"),     # GPU host: NCCL through TF
+    ("auto", "ring", True, 0, 0, "tf"),     # an explicit TF communication asks for TF
+    ("AUTO", "nccl", True, 0, 0, "tf"),
+    ("tf", "auto", True, 0, 0, "tf"),
+    ("gloo", "auto", True, 2, 0, "gloo"),   # forced, even on GPU hosts
+    ("gloo", "auto", False, 0, 0, ValueError),
+    ("mpi", "auto", True, 0, 0, ValueError),
+    ("auto", "auto", True, 0, 2, "reduction_server"),  # the cluster has reducers: through them
+    ("auto", "auto", False, 0, 2, "tf"),    # no PyTorch, no Gloo connections to reach them
+    ("auto", "ring", True, 0, 2, "tf"),     # TF's collectives asked for by name
+    ("gloo", "auto", True, 0, 2, "gloo"),   # a ring, reducers or not
+    ("reduction_server", "auto", True, 0, 0, "reduction_server"),  # the group then says none are there
+    ("Reduction_Server", "auto", False, 0, 2, ValueError),
 ])
-def test_choose_implementation_table(requested, communication, installed, gpus, expected):
+def test_choose_implementation_table(requested, communication, installed, gpus, reducers, expected):
     from tfos.tf.collectives import choose_implementation
 
     if expected is ValueError:
         with pytest.raises(ValueError):
-            choose_implementation(requested, communication, installed, gpus)
+            choose_implementation(requested, communication, installed, gpus, reducers)
     else:
-        assert choose_implementation(requested, communication, installed, gpus) == expected
+        assert choose_implementation(requested, communication, installed, gpus, reducers) == expected
 
 
 def test_keras3_models_are_not_taken_for_keras2():

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
 
-#: Who runs the collectives of tfos.keras_dist: TensorFlow's own collective ops, or Gloo
-#: (PyTorch's torch.distributed, :mod:`tfos.tf.gloo`).
-IMPLEMENTATIONS = ("auto", "tf", "gloo")
+#: Who runs the collectives of tfos.keras_dist: TensorFlow's own collective ops, Gloo
+#: (PyTorch's torch.distributed, :mod:`tfos.tf.gloo`), or the reducers of the cluster
+#: (:mod:`tfos.tf.reduction`, over Gloo's connections).
+IMPLEMENTATIONS = ("auto", "tf", "gloo", "reduction_server")
 
 #: With Gloo, a tensor at least this big is all-reduced in its own memory (no packing copy, see
 #: :mod:`tfos.tf.gloo`); smaller ones are packed so that a step makes few collective calls.
@@ -32,22 +33,26 @@ def stop_on_sigterm() -> bool:
     return True
 
 
-def choose_implementation(requested: str, communication: str, gloo_installed: bool, num_gpus: int) -> str:
-    """Pure: ``'tf'`` or ``'gloo'`` for the ``implementation`` argument ``requested``.
+def choose_implementation(requested: str, communication: str, gloo_installed: bool, num_gpus: int,
+                          reducers: int = 0) -> str:
+    """Pure: ``'tf'``, ``'gloo'`` or ``'reduction_server'`` for the ``implementation`` argument ``requested``.
 
-    ``'auto'`` picks Gloo on CPU-only hosts when PyTorch is installed (it all-reduces several
-    times faster than TF's RING there), and TF otherwise: GPU hosts keep NCCL through TF, and an
-    explicit ``communication='nccl'`` or ``'ring'`` asks for TF's collectives. ``'gloo'`` without
-    PyTorch is a ValueError.
+    ``'auto'`` picks the reduction server when the cluster has ``reducers`` (reserve's
+    ``num_reducers``), else Gloo, on CPU-only hosts with PyTorch installed (Gloo all-reduces
+    several times faster than TF's RING there); TF otherwise: GPU hosts keep NCCL through TF, and an
+    explicit ``communication='nccl'`` or ``'ring'`` asks for TF's collectives. ``'gloo'`` or
+    ``'reduction_server'`` without PyTorch is a ValueError.
     """
     name = requested.lower() if isinstance(requested, str) else requested
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, not {requested!r}")
-    if name == "gloo" and not gloo_installed:
-        raise ValueError("implementation='gloo' needs PyTorch: pip install 'tfos[gloo]'")
+    if name in ("gloo", "reduction_server") and not gloo_installed:
+        raise ValueError(f"implementation={name!r} needs PyTorch: pip install 'tfos[gloo]'")
     if name != "auto":
         return name
-    return "gloo" if gloo_installed and num_gpus == 0 and communication == "auto" else "tf"
+    if gloo_installed and num_gpus == 0 and communication == "auto":
+        return "reduction_server" if reducers > 0 else "gloo"
+    return "tf"
 
 
 def packs(tensors, bytes_per_pack: int, alone_bytes: int = 0) -> list[list[int]]:

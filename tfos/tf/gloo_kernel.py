@@ -54,6 +54,7 @@ BUILD_TIMEOUT = 900.0
 _lock = threading.Lock()
 _loaded: "Kernel | None" = None
 _tried = False
+_bridge = None  # load_bridge's module
 
 
 class KernelBuildError(TFOSError):
@@ -63,11 +64,16 @@ class KernelBuildError(TFOSError):
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     """The loaded op: ``all_reduce(inputs, handle=, average=, context=)`` (TF's generated wrapper),
-    and the bridge's ``register(process_group) -> handle`` and ``unregister(handle)``."""
+    and the bridge's ``register(process_group) -> handle`` and ``unregister(handle)``; for the
+    reduction server (:mod:`tfos.tf.reduction`) ``register_reduction(process_group, workers, names)``,
+    ``unregister_reduction(handle)`` and the reducer's ``serve(handle, step_timeout_ms, lookahead)``."""
     all_reduce: object
     register: object
     unregister: object
     path: str
+    register_reduction: object = None
+    unregister_reduction: object = None
+    serve: object = None
 
 
 def _versions() -> str:
@@ -109,8 +115,8 @@ def build(timeout: float = BUILD_TIMEOUT) -> str:
 
 
 def compile_commands(workdir: Path, out: Path) -> list[list[str]]:
-    """The compiler runs: bridge.cc with PyTorch's headers and ABI, op.cc with TensorFlow's flags,
-    and the link (rpaths to both libraries' directories)."""
+    """The compiler runs: bridge.cc and reduction.cc with PyTorch's headers and ABI, op.cc with
+    TensorFlow's flags, and the link (rpaths to both libraries' directories)."""
     import sysconfig
 
     try:
@@ -128,12 +134,13 @@ def compile_commands(workdir: Path, out: Path) -> list[list[str]]:
     bridge = [cxx, "-O2", "-fPIC", "-std=c++20", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
               *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{sysconfig.get_paths()['include']}",
               "-c", str(SOURCE / "bridge.cc"), "-o", str(workdir / "bridge.o")]
+    reduction = [*bridge[:-4], "-c", str(SOURCE / "reduction.cc"), "-o", str(workdir / "reduction.o")]
     op = [cxx, "-O2", "-fPIC", "-w", *tf.sysconfig.get_compile_flags(), "-c", str(SOURCE / "op.cc"),
           "-o", str(workdir / "op.o")]
-    link = [cxx, "-shared", str(workdir / "bridge.o"), str(workdir / "op.o"), "-o", str(out),
+    link = [cxx, "-shared", str(workdir / "bridge.o"), str(workdir / "reduction.o"), str(workdir / "op.o"), "-o", str(out),
             *(f"-L{p}" for p in torch_libs), "-ltorch_cpu", "-lc10", "-ltorch_python", *tf.sysconfig.get_link_flags(),
             *(f"-Wl,-rpath,{p}" for p in torch_libs + [tf.sysconfig.get_lib()])]
-    return [bridge, op, link]
+    return [bridge, reduction, op, link]
 
 
 def _build(out: Path, timeout: float) -> str:
@@ -149,6 +156,41 @@ def _build(out: Path, timeout: float) -> str:
     return install(tmp, out)
 
 
+def _usable_path() -> Path | None:
+    """The built library, built now on first use where allowed; None (logged) when there is none."""
+    path = built_path()
+    refused = first_use_build_refused(os.environ, ENV_BUILD) if not path.is_file() else None
+    if not path.is_file() and refused is None:
+        try:  # on first use, as PyTorch's cpp_extension.load does: once per host and environment, under a lock
+            build()
+        except (TFOSError, OSError) as e:  # no compiler, an unwritable cache: the py_function path runs
+            logger.warning("the Gloo op could not be built here (%s): all-reduces in tf.function go through "
+                           "tf.py_function (slower per call)", e)
+    if not path.is_file():
+        logger.info("the Gloo op is not built here%s: all-reduces in tf.function go through tf.py_function "
+                    "(slower per call); build it on each host with 'tfos build gloo'",
+                    f" and is not built on first use ({refused})" if refused else "")
+        return None
+    check_trusted_file(str(path))
+    return path
+
+
+def load_bridge():
+    """Only the bridge's Python module (no TensorFlow import: a reducer of :mod:`tfos.tf.reduction`
+    needs ``register_reduction`` and ``serve`` alone), loaded once; None when not built here."""
+    global _bridge
+    with _lock:
+        if _bridge is None and os.environ.get(ENV_SWITCH, "1") != "0":
+            path = _usable_path()
+            if path is not None:
+                import torch.distributed  # noqa: F401  (PyTorch's libraries first: the bridge links them)
+
+                spec = importlib.util.spec_from_file_location(MODULE, path)
+                _bridge = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(_bridge)
+        return _bridge
+
+
 def load() -> Kernel | None:
     """The op in this process (loaded once), or None: not built, switched off (``TFOS_GLOO_KERNEL=0``),
     or it would not load (logged; the ``tf.py_function`` path then runs)."""
@@ -159,20 +201,9 @@ def load() -> Kernel | None:
         _tried = True
         if os.environ.get(ENV_SWITCH, "1") == "0":
             return None
-        path = built_path()
-        refused = first_use_build_refused(os.environ, ENV_BUILD) if not path.is_file() else None
-        if not path.is_file() and refused is None:
-            try:  # on first use, as PyTorch's cpp_extension.load does: once per host and environment, under a lock
-                build()
-            except (TFOSError, OSError) as e:  # no compiler, an unwritable cache: the py_function path runs
-                logger.warning("the Gloo op could not be built here (%s): all-reduces in tf.function go through "
-                               "tf.py_function (slower per call)", e)
-        if not path.is_file():
-            logger.info("the Gloo op is not built here%s: all-reduces in tf.function go through tf.py_function "
-                        "(slower per call); build it on each host with 'tfos build gloo'",
-                        f" and is not built on first use ({refused})" if refused else "")
+        path = _usable_path()
+        if path is None:
             return None
-        check_trusted_file(str(path))
         try:
             import tensorflow as tf
             import torch.distributed  # noqa: F401  (PyTorch's libraries first: the bridge links them)
@@ -185,7 +216,8 @@ def load() -> Kernel | None:
             logger.warning("the Gloo op %s does not load (%s); all-reduces go through tf.py_function. Rebuild "
                            "it with 'python -m tfos.tf.gloo_kernel build'", path, e)
             return None
-        _loaded = Kernel(ops.tfos_gloo_all_reduce, bridge.register, bridge.unregister, str(path))
+        _loaded = Kernel(ops.tfos_gloo_all_reduce, bridge.register, bridge.unregister, str(path),
+                         bridge.register_reduction, bridge.unregister_reduction, bridge.serve)
         logger.info("Gloo all-reduces in tf.function run in tfos's op %s", path)
         return _loaded
 

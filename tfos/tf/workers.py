@@ -29,8 +29,8 @@ class _State:
         self.timeout_seconds = 0.0
         self.key_counter = None  # tf.Variable, created on first use
         self._tokens = {}
-        self.implementation = "tf"  # or "gloo": see init_collectives
-        self.gloo = None  # tfos.tf.gloo.Group when implementation == "gloo"
+        self.implementation = "tf"  # or "gloo", "reduction_server": see init_collectives
+        self.gloo = None  # tfos.tf.gloo.Group (or tfos.tf.reduction.WorkerGroup) unless implementation == "tf"
         self.hint_logged = False
 
 
@@ -96,7 +96,9 @@ def init_collectives(tf_config=None, method: str = "strategy", communication: st
         implementation: who runs the collectives. ``"auto"`` (default): Gloo on CPU-only hosts
             when PyTorch is installed (``pip install 'tfos[gloo]'``; several times TF's RING
             bandwidth), otherwise TensorFlow's collective ops (GPU hosts: NCCL through TF).
-            ``"tf"`` or ``"gloo"`` force one. With Gloo no TF server is started and ``method``
+            ``"reduction_server"``: through the cluster's reducers (``reserve(...,
+            num_reducers=R)``, :mod:`tfos.tf.reduction`; 'auto' picks it when there are reducers).
+            ``"tf"``, ``"gloo"`` or ``"reduction_server"`` force one. With Gloo no TF server is started and ``method``
             is not used; the ranks meet through the driver in a tfos node, else at a TCPStore
             that rank 0 hosts on its own TF_CONFIG port.
 
@@ -114,8 +116,8 @@ def init_collectives(tf_config=None, method: str = "strategy", communication: st
     _state.rank, _state.size = task.rank, task.size
     if _state.size > 1:
         _state.implementation = _choose_implementation(implementation, _state.communication)
-    if _state.size > 1 and _state.implementation == "gloo":
-        _start_gloo(task, timeout_seconds)
+    if _state.size > 1 and _state.implementation in ("gloo", "reduction_server"):
+        _start_gloo(task, timeout_seconds, _state.implementation == "reduction_server")
     elif _state.size > 1:
         if method == "strategy":
             _start_with_strategy(tf_config)
@@ -136,7 +138,9 @@ def _choose_implementation(requested: str, communication: str) -> str:
         import tensorflow as tf
 
         num_gpus = len(tf.config.list_physical_devices("GPU"))
-    name = collectives.choose_implementation(requested, communication, installed, num_gpus)
+    from tfos.tf.reduction import reducers_here
+
+    name = collectives.choose_implementation(requested, communication, installed, num_gpus, reducers_here()[0])
     if name == "tf" and not installed and num_gpus == 0 and not _state.hint_logged:
         _state.hint_logged = True
         logger.warning("keras_dist: all-reducing with TensorFlow's RING on CPU; Gloo is several times faster: %s",
@@ -149,15 +153,21 @@ def _split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _start_gloo(task: _Task, timeout_seconds) -> None:
+def _start_gloo(task: _Task, timeout_seconds, reduction_server: bool = False) -> None:
     from tfos.tf import gloo
 
     timeout = timeout_seconds or GLOO_TIMEOUT_SECONDS
-    store = gloo.node_store("keras_dist", timeout)  # in a tfos node: through the driver
     leader_job = _coordinated_jobs(task.cluster)[0][0]
-    address = None if store is not None else _split_address(task.cluster[leader_job][0])
+    leader = _split_address(task.cluster[leader_job][0])  # rank 0's TCPStore outside a tfos node
     host, _ = _split_address(task.cluster[task.type][task.index])
-    _state.gloo = gloo.Group(_state.rank, _state.size, address, host, timeout, store=store)
+    if reduction_server:
+        from tfos.tf import reduction
+
+        _state.gloo = reduction.worker_group(_state.rank, _state.size, host, timeout, store_address=leader)
+        return
+    store = gloo.node_store("keras_dist", timeout)  # in a tfos node: through the driver
+    _state.gloo = gloo.Group(_state.rank, _state.size, None if store is not None else leader, host, timeout,
+                             store=store)
 
 
 def _start_with_strategy(tf_config) -> None:

@@ -123,7 +123,17 @@ extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, con
   return 0;
 }
 
+// reduction.cc: the reduction server on a group of workers and reducers
+int64_t rs_register(c10::intrusive_ptr<c10d::Backend> pg, int workers, std::vector<std::string> names);
+void rs_unregister(int64_t handle);
+std::string rs_serve(int64_t handle, int64_t step_timeout_ms, int lookahead);
+
 PYBIND11_MODULE(_tfos_gloo, m) {
   m.def("register", &add_group, "a handle for this Gloo group, for the TfosGlooAllReduce op");
   m.def("unregister", &remove_group);
+  m.def("register_reduction", &rs_register,
+        "a handle for a group of workers (its first ranks) and reducers, for the op's reduction-server all-reduce");
+  m.def("unregister_reduction", &rs_unregister);
+  m.def("serve", &rs_serve, py::call_guard<py::gil_scoped_release>(),
+        "run this process's reducer until the workers leave (returns why); raises if an all-reduce fails");
 }

@@ -1,6 +1,9 @@
 // The TF side of tfos's Gloo op: TfosGlooAllReduce sums a list of tensors over a Gloo group
 // (bridge.cc), reducing each in its own buffer when TF forwards it (nothing else reads it) and in
 // a copy otherwise (made by the bridge part by part, overlapping the parts already travelling).
+// With reduction_server set, the group is one of workers and reducers and the sums are made by the
+// reducers (reduction.cc).
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -11,10 +14,17 @@
 extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
                                    const int64_t* counts, const int* types, const bool* average,
                                    int64_t max_pieces, int64_t piece_bytes, char* err, int errlen);
+extern "C" int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
+                                 const int64_t* counts, const int* types, const bool* average, int64_t piece_bytes,
+                                 int64_t timeout_ms, char* err, int errlen);
 
 namespace {
 
 using tensorflow::DataType;
+
+// Buffers a failed reduction-server call may still have transfers on: kept for the process's life.
+std::mutex quarantine_mu;
+std::vector<tensorflow::Tensor>* quarantine = new std::vector<tensorflow::Tensor>();
 
 int type_code(DataType t) {
   switch (t) {
@@ -38,6 +48,8 @@ class GlooAllReduceOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("context", &context_));
     OP_REQUIRES_OK(c, c->GetAttr("max_pieces", &max_pieces_));
     OP_REQUIRES_OK(c, c->GetAttr("piece_bytes", &piece_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr("reduction_server", &reduction_server_));
+    OP_REQUIRES_OK(c, c->GetAttr("timeout_ms", &timeout_ms_));
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
@@ -49,6 +61,7 @@ class GlooAllReduceOp : public tensorflow::OpKernel {
     std::vector<int64_t> counts(n);
     std::vector<int> types(n);
     std::unique_ptr<bool[]> average(new bool[n]);
+    std::vector<tensorflow::Tensor> held;  // inputs and outputs, for the quarantine
     for (int i = 0; i < n; ++i) {
       const tensorflow::Tensor& in = ctx->input(i);
       tensorflow::Tensor* out = nullptr;
@@ -60,11 +73,21 @@ class GlooAllReduceOp : public tensorflow::OpKernel {
       counts[i] = in.NumElements();
       types[i] = type_code(in.dtype());
       average[i] = average_[i];
+      held.push_back(in);
+      held.push_back(*out);
     }
     char err[4096];
     err[0] = '\0';
-    const int rc = tfos_gloo_allreduce(handle_, n, data.data(), copy_from.data(), counts.data(), types.data(),
-                                       average.get(), max_pieces_, piece_bytes_, err, static_cast<int>(sizeof(err)));
+    const int rc =
+        reduction_server_
+            ? tfos_rs_allreduce(handle_, n, data.data(), copy_from.data(), counts.data(), types.data(), average.get(),
+                                piece_bytes_, timeout_ms_, err, static_cast<int>(sizeof(err)))
+            : tfos_gloo_allreduce(handle_, n, data.data(), copy_from.data(), counts.data(), types.data(),
+                                  average.get(), max_pieces_, piece_bytes_, err, static_cast<int>(sizeof(err)));
+    if (rc == 2) {  // transfers may still write into these buffers: TF must never reuse them
+      std::lock_guard<std::mutex> lock(quarantine_mu);
+      quarantine->insert(quarantine->end(), held.begin(), held.end());
+    }
     OP_REQUIRES(ctx, rc == 0, tensorflow::errors::Internal(context_, ": ", err));
   }
 
@@ -74,6 +97,8 @@ class GlooAllReduceOp : public tensorflow::OpKernel {
   std::string context_;
   tensorflow::int64 max_pieces_ = 1;
   tensorflow::int64 piece_bytes_ = 0;
+  bool reduction_server_ = false;
+  tensorflow::int64 timeout_ms_ = 0;
 };
 
 }  // namespace
@@ -87,6 +112,8 @@ REGISTER_OP("TfosGlooAllReduce")
     .Attr("context: string = ''")
     .Attr("max_pieces: int = 1")
     .Attr("piece_bytes: int = 0")
+    .Attr("reduction_server: bool = false")
+    .Attr("timeout_ms: int = 0")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test suite: unit tests plus integration tests on a real Spark local-cluster[2,1,1024]
 # (TF 2.21); then the Spark Connect suite (its own pytest session: a Connect session on an
-# embedded local-cluster[2,1,1024] server); then the multi-host suite (its own pytest session: a
-# standalone cluster of three
-# hosts in network namespaces; needs root, skipped otherwise); then the Horovod tests in their
+# embedded local-cluster[2,1,1024] server); then the reduction-server suite (its own pytest
+# session: a local-cluster[2,2,1024], 4 slots for 2 workers and 2 reducers); then the multi-host
+# suite (its own pytest session: a standalone cluster of three hosts in network namespaces; needs
+# root, skipped otherwise); then the Horovod tests in their
 # own TF 2.15 environment (scripts/horovod_env.sh); then the Hadoop suite (its own pytest session:
 # real HDFS and YARN daemons from Hadoop's Maven Central jars, python -m tfos.testing.hadoop).
 # Extra arguments go to the main pytest run and skip the other parts (e.g. -m "not slow").
@@ -37,6 +38,8 @@ run_pytest "main" python -m pytest --durations=20 "$@"  # the slowest tests: wha
 if [ "$#" -eq 0 ]; then
   echo "== Spark Connect tests (SparkSession.builder.remote(\"local-cluster[2,1,1024]\"))"
   run_pytest "Spark Connect" python -m pytest --connect
+  echo "== reduction-server tests (local-cluster[2,2,1024]: 2 workers and 2 reducers)"
+  run_pytest "reduction server" python -m pytest --reduction
 fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_MULTIHOST:-0}" != "1" ]; then
   echo "== multi-host tests (Spark standalone, one network namespace per host)"

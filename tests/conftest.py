@@ -18,10 +18,11 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 # only this session's processes, never another test run's on the same host.
 os.environ.setdefault("TFOS_TEST_SESSION", __import__("uuid").uuid4().hex)
 
-SPARK_FIXTURES = {"spark", "sc", "tfos_cluster", "connect_spark", "connect_cluster"}
+SPARK_FIXTURES = {"spark", "sc", "tfos_cluster", "connect_spark", "connect_cluster", "wide_spark", "wide_cluster"}
 # Suites that need a pytest session of their own (one process holds one Spark driver): option -> folder.
 SEPARATE = {"--multihost": os.path.join(ROOT, "tests", "multihost"), "--connect": os.path.join(ROOT, "tests", "connect"),
-            "--hadoop": os.path.join(ROOT, "tests", "hadoop")}
+            "--hadoop": os.path.join(ROOT, "tests", "hadoop"),
+            "--reduction": os.path.join(ROOT, "tests", "reduction")}
 
 
 def pytest_addoption(parser):
@@ -33,6 +34,10 @@ def pytest_addoption(parser):
                      help="run only the Hadoop tests (tests/hadoop: real HDFS and YARN daemons started by "
                           "python -m tfos.testing.hadoop; needs Java 17 and Maven, and the first run fetches "
                           "Hadoop's jars from Maven Central into ~/.cache/tfos).")
+    parser.addoption("--reduction", action="store_true",
+                     help="run only the reduction-server tests on the embedded Spark (tests/reduction: a "
+                          "local-cluster[2,2,1024] of 4 task slots, for 2 workers and 2 reducers); their own pytest "
+                          "session, since the shared local-cluster has 2 slots.")
     parser.addoption("--connect", action="store_true",
                      help="run only the Spark Connect tests (tests/connect: a Connect session on an embedded "
                           "local-cluster[2,1,1024] server); their own pytest session, for the same reason.")
@@ -114,6 +119,24 @@ def connect_spark():
 def connect_cluster(connect_spark):
     """:func:`tfos_cluster` on the Spark Connect session."""
     yield from _clusters_on(connect_spark)
+
+
+@pytest.fixture(scope="session")
+def wide_spark():
+    """The reduction-server suite's session (``pytest --reduction``): a local-cluster[2,2,1024],
+    2 executors of 2 cores, so 4 task slots: 2 workers and 2 reducers."""
+    from tfos.testing import local_cluster_session
+
+    session = local_cluster_session(2, 2, 1024, app_name="tfos-reduction-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def wide_cluster(wide_spark):
+    """:func:`tfos_cluster` on the 4-slot session."""
+    yield from _clusters_on(wide_spark.sparkContext)
 
 
 def _clusters_on(spark):

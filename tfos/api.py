@@ -117,7 +117,7 @@ class TFCluster:
                 restart_backoff: float = 5.0, checkpoint_dir: str | None = None,
                 preimport_tensorflow: bool = True, stall_timeout: float | None = 300,
                 node_output: str | None = "chief", encrypt: bool | None = None,
-                allow_unprotected: bool = False, gpus_per_node=None) -> "TFCluster":
+                allow_unprotected: bool = False, gpus_per_node=None, num_reducers: int = 0) -> "TFCluster":
         """Reserve ``num_executors`` Spark task slots as one TF cluster node each.
 
         ``sc``: a SparkContext, a SparkSession, or a Spark Connect SparkSession (then the data
@@ -139,6 +139,13 @@ class TFCluster:
         Roles: ``num_ps`` ps nodes, then the ``master_node`` ('chief', or None for workers only),
         an evaluator if ``eval_node``, then workers. Fails with ReservationTimeoutError when
         Spark cannot offer enough slots within ``reservation_timeout`` seconds.
+
+        ``num_reducers``: R more nodes (R more task slots in the same barrier stage, role
+        'reducer', on hosts without training nodes where Spark's placement allows it) that run no
+        ``main_fun`` and no TF server, only the reduction server: the workers' all-reduces
+        (``implementation='reduction_server'``, the default 'auto' when there are reducers) go
+        through them, moving half a ring's bytes per worker (docs/reduction_server.md). They use
+        no GPU, and stop with the cluster. Backend 'mwms' only.
 
         ``backend``: 'mwms' (ring all-reduce; the default), 'ps' (parameter servers), 'horovod',
         an import path 'module:Class', or a tfos.backends.Backend (class or instance; its node
@@ -184,8 +191,11 @@ class TFCluster:
         """
         min_nodes, num_executors = size_range(num_executors, min_executors)
         validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
-                         InputMode.TENSORFLOW if input_mode is None else input_mode, num_gpus, max_restarts)
-        shape = ClusterShape(num_ps, master_node, eval_node)
+                         InputMode.TENSORFLOW if input_mode is None else input_mode, num_gpus, max_restarts,
+                         num_reducers)
+        # the reducers are nodes too: from here on the counts include them
+        num_executors, min_nodes = num_executors + num_reducers, min_nodes + num_reducers
+        shape = ClusterShape(num_ps, master_node, eval_node, num_reducers)
         if min_nodes < shape.smallest:
             raise ConfigError(f"min_executors={min_nodes} leaves no node to train after {num_ps} ps node(s)"
                               f"{' and 1 evaluator' if eval_node else ''}; raise min_executors")
@@ -212,7 +222,11 @@ class TFCluster:
         from tfos.backends import make_backend
 
         backend_obj = make_backend(backend, transport, **(backend_options or {}))
-        backend_obj.validate(num_executors, num_ps, master_node)
+        backend_obj.validate(num_executors - num_reducers, num_ps, master_node)
+        if num_reducers and not backend_obj.takes_reducers:
+            raise ConfigError(f"num_reducers needs backend='mwms' (keras_dist or MWMS all-reducing through the "
+                              f"reducers); backend {backend_obj.name!r} does not all-reduce through them: set "
+                              "num_reducers=0")
         encrypted, note = security.encryption(encrypt, spark.conf())
         if note:
             logger.warning("tfos: %s", note)
@@ -246,7 +260,8 @@ class TFCluster:
                       restarts=restarts, supervision=supervision)
         if mlflow or mlflow_run is not None:
             cluster._open_tracker(mlflow_run, mlflow_experiment, {
-                "num_executors": num_executors, "num_ps": num_ps, "master_node": master_node, "eval_node": eval_node,
+                "num_executors": num_executors - num_reducers, "num_ps": num_ps, "num_reducers": num_reducers,
+                "master_node": master_node, "eval_node": eval_node,
                 "backend": backend_obj.name, "transport": transport, "num_gpus": num_gpus,
                 "reservation_timeout": reservation_timeout,
                 "log_dir": log_dir, "backend_options": backend_options or {}})

@@ -3,8 +3,9 @@
 * :class:`Backend` runs on the driver: ``validate`` (before any Spark job), ``setup(nodes)``
   once every node registered (returns JSON-able config that every TF process receives with
   the cluster spec, e.g. Horovod's rendezvous address), ``teardown()``; ``finishing_jobs``
-  (roles whose completion ends the job), ``feed_jobs`` (roles that take fed data) and
-  ``survivable_jobs`` (roles the others can go on without, when restarts are on).
+  (roles whose completion ends the job), ``feed_jobs`` (roles that take fed data),
+  ``survivable_jobs`` (roles the others can go on without, when restarts are on) and
+  ``takes_reducers`` (its workers can use the reduction server's reducers).
 * :class:`NodeHooks` runs in the TF process: ``env(me, nodes, config)`` (extra environment
   set before ``main_fun``), ``run(main_fun, args, ctx)`` and ``strategy(ctx)`` (behind
   ``ctx.strategy()``).
@@ -70,6 +71,14 @@ class NodeHooks:
     def strategy(self, ctx):
         raise ConfigError(f"the {type(self).__name__} backend has no tf.distribute strategy")
 
+    def serve_reducer(self, cfg, spec_nodes) -> None:
+        """A reducer node's work instead of main_fun (reserve's ``num_reducers``): the reduction
+        server until the workers end, each wait within an all-reduce bounded by the backend's
+        ``timeout_seconds`` (:mod:`tfos.tf.reduction`)."""
+        from tfos.tf import reduction
+
+        reduction.serve_node(cfg, spec_nodes, getattr(self, "timeout_seconds", None))
+
 
 class Backend:
     """The driver half of a backend. Subclass it (and :class:`NodeHooks`, named by
@@ -80,6 +89,7 @@ class Backend:
     finishing_jobs: tuple[str, ...] = TRAINING_JOBS
     feed_jobs: tuple[str, ...] = TRAINING_JOBS  # roles that receive data in InputMode.SPARK
     survivable_jobs: tuple[str, ...] = ()  # roles whose loss the others survive (lifecycle.failure_policy)
+    takes_reducers = False  # its workers can all-reduce through reserve(num_reducers=R) (tfos.tf.reduction)
 
     def __init__(self, transport: str = "grpc", socket_ifname: str | None = None):
         if transport not in ("grpc", "rdma"):

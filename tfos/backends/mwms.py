@@ -38,13 +38,15 @@ class MWMSBackend(Backend):
 
     ``communication``: 'auto' | 'ring' | 'nccl'; ``bytes_per_pack`` > 0 packs gradients into
     chunks of that size before all-reducing (TF's tensor fusion); ``timeout_seconds`` bounds
-    each collective. transport='rdma' selects NCCL. ``implementation``: 'auto' | 'tf' | 'gloo':
-    who all-reduces in ``tfos.distribute.allreduce_gradients`` ('auto': Gloo on CPU-only hosts
-    with PyTorch installed, see :func:`tfos.distribute.init_gloo`).
+    each collective. transport='rdma' selects NCCL. ``implementation``: 'auto' | 'tf' | 'gloo' |
+    'reduction_server': who all-reduces in ``tfos.distribute.allreduce_gradients`` ('auto': the
+    reducers when the cluster has some, else Gloo, on CPU-only hosts with PyTorch installed, see
+    :func:`tfos.distribute.init_gloo`).
     """
 
     name = "mwms"
     node_class = MWMSNode
+    takes_reducers = True
 
     def __init__(self, communication: str = "auto", bytes_per_pack: int = 0, timeout_seconds: float | None = None,
                  implementation: str = "auto", **kw):

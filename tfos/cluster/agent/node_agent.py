@@ -27,6 +27,7 @@ from tfos.cluster.agent import reaper
 from tfos.host.gpus import gpu_environment, pick_gpus
 from tfos.errors import NONRETRYABLE_FILE, Cause, TFOSError
 from tfos.host import private, processes
+from tfos.topology import CPU_ONLY_JOBS
 from tfos.tunnel.agent import NodeTunnel
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
@@ -150,7 +151,8 @@ class NodeAgent:
         try:
             limits = cfg.cluster.gpus_per_node
             gpus = pick_gpus(cfg.cluster.num_gpus, cfg.spark_gpus,
-                             limits[cfg.node_index] if cfg.node_index < len(limits) else None)
+                             limits[cfg.node_index] if cfg.node_index < len(limits) else None
+                             ) if cfg.job_name not in CPU_ONLY_JOBS else []
             if cfg.cluster.key.encrypt:
                 self.tunnel = NodeTunnel(cfg, tunnel_netns(cfg.cluster.env, os.environ))
                 self.tunnel.start()

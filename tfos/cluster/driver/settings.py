@@ -19,8 +19,10 @@ from tfos.wire.channel import new_secret
 
 
 def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout, input_mode,
-                     num_gpus, max_restarts=0) -> None:
+                     num_gpus, max_restarts=0, num_reducers=0) -> None:
     """Pure: reject bad arguments before any Spark job starts. Messages say what to change."""
+    if not isinstance(num_reducers, int) or isinstance(num_reducers, bool) or num_reducers < 0:
+        raise ConfigError(f"num_reducers must be an int >= 0, got {num_reducers!r}")
     if not isinstance(num_executors, int) or isinstance(num_executors, bool) or num_executors < 1:
         raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")
     if not isinstance(num_ps, int) or isinstance(num_ps, bool) or num_ps < 0:
@@ -45,22 +47,23 @@ def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_
 
 @dataclasses.dataclass(frozen=True)
 class ClusterShape:
-    """The roles a cluster has at each size: ``num_ps`` ps nodes, the ``master_node``, an evaluator
-    if ``eval_node``, then workers (:func:`tfos.topology.assign_roles`). The roles at size k are the
-    first k of those at any larger size, so a node keeps its role (and rank) when the cluster shrinks
-    or grows: only the last workers come and go."""
+    """The roles a cluster has at each size: ``num_ps`` ps nodes, ``num_reducers`` reducers, the
+    ``master_node``, an evaluator if ``eval_node``, then workers (:func:`tfos.topology.assign_roles`).
+    The roles at size k are the first k of those at any larger size, so a node keeps its role (and
+    rank) when the cluster shrinks or grows: only the last workers come and go."""
 
     num_ps: int = 0
     master_node: str | None = "chief"
     eval_node: bool = False
+    num_reducers: int = 0  # the reduction server's reducers, after the ps nodes
 
     def roles(self, size: int) -> list[tuple[str, int]]:
-        return topology.assign_roles(size, self.num_ps, self.master_node, self.eval_node)
+        return topology.assign_roles(size, self.num_ps, self.master_node, self.eval_node, self.num_reducers)
 
     @property
     def smallest(self) -> int:
         """The fewest nodes that leave one to train."""
-        return self.num_ps + (1 if self.eval_node else 0) + 1
+        return self.num_ps + self.num_reducers + (1 if self.eval_node else 0) + 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import time
 from tfos.errors import ConfigError, TFOSError
 from tfos.host import private, processes
 from tfos.host.versions import local_versions, version_mismatch
-from tfos.topology import InputMode
+from tfos.topology import InputMode, place_nodes
 from tfos.wire import messages as M
 
 #: How the node agent is started: ``python -u -m tfos.cluster.agent`` (pure, tested).
@@ -43,9 +43,10 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
-        i = ctx.partitionId()
-        address = ctx.getTaskInfos()[i].address
-        node_host = address.rsplit(":", 1)[0] if ":" in address else address
+        p = ctx.partitionId()
+        hosts = [t.address.rsplit(":", 1)[0] if ":" in t.address else t.address for t in ctx.getTaskInfos()]
+        node_host = hosts[p]
+        i = place_nodes(hosts, cluster.roles)[p]  # reducers on hosts of their own where Spark allows it
         mismatch = version_mismatch(cluster.versions, local_versions(), node_host, sys.executable)
         if mismatch:  # before any node starts: a wire or import error later would say something else
             raise ConfigError(mismatch)

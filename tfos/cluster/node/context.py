@@ -45,6 +45,7 @@ class NodeContext:
         self.num_nodes = len(roles)
         self.nodes = [dataclasses.asdict(n) for n in nodes]
         # TF's view: the nodes at their private addresses when the cluster is encrypted (tfos.tunnel)
+        self.spec_nodes = tuple(spec_nodes or nodes)  # NodeInfos as TF names them
         self.cluster_spec = topology.cluster_spec(spec_nodes or nodes)
         self.tf_config = topology.tf_config(spec_nodes or nodes, self.node_index)
         self.gpus = list(cfg.gpus)

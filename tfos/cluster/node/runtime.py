@@ -19,13 +19,13 @@ import os
 import sys
 import threading
 
-from tfos.errors import TFOSError, TFOSTimeoutError
+from tfos.errors import CollectiveError, TFOSError, TFOSTimeoutError
 from tfos.data import tfhdfs
 from tfos.host import claims
 from tfos.cluster.node import control, staging
 from tfos.cluster.node.context import NodeContext
 from tfos.cluster.node.reporting import LineTee, Reporter, streams_output
-from tfos.topology import InputMode
+from tfos.topology import REDUCER_JOB, InputMode, reducers_environment
 from tfos.tunnel import node as tunnel_node
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
@@ -62,6 +62,22 @@ def preimport_tensorflow() -> threading.Thread | None:
     thread = threading.Thread(target=run, name="tfos-import-tensorflow", daemon=True)
     thread.start()
     return thread
+
+
+#: How tfos's collective ops start their errors (in a ``tf.function`` they can raise only TF's own).
+COLLECTIVE_ERROR = "CollectiveError: "
+
+
+def run_main(hooks, main_fun, args, ctx):
+    """``main_fun`` through the backend's hooks. A TF error that carries a tfos collective op's
+    error (the reduction server's) is raised as :class:`tfos.errors.CollectiveError`, from it."""
+    try:
+        return hooks.run(main_fun, args, ctx)
+    except Exception as e:
+        message = getattr(e, "message", None)
+        if isinstance(message, str) and COLLECTIVE_ERROR in message and not isinstance(e, CollectiveError):
+            raise CollectiveError(message[message.index(COLLECTIVE_ERROR) + len(COLLECTIVE_ERROR):]) from e
+        raise
 
 
 def run_node(cfg: M.NodeConfig) -> int:
@@ -111,6 +127,7 @@ def run_node(cfg: M.NodeConfig) -> int:
     os.environ["TF_CONFIG"] = json.dumps(ctx.tf_config)
     me = next(n for n in reply.nodes if n.node_index == cfg.node_index)
     os.environ.update(hooks.env(me, reply.nodes, reply.backend))
+    os.environ.update(reducers_environment(reply.nodes))  # the workers may all-reduce through them
     logger.info("node %d is %s:%d; TF_CONFIG=%s", ctx.node_index, ctx.job_name, ctx.task_index,
                 os.environ["TF_CONFIG"])
     if c.release_port:
@@ -119,7 +136,10 @@ def run_node(cfg: M.NodeConfig) -> int:
     failed = True
     try:
         with ctx.trace("main_fun", "node"):
-            result = hooks.run(main_fun, args, ctx)
+            if cfg.job_name == REDUCER_JOB:  # no main_fun: the reduction server, until the workers end
+                result = hooks.serve_reducer(cfg, ctx.spec_nodes)
+            else:
+                result = run_main(hooks, main_fun, args, ctx)
         if isinstance(result, str) and result and ctx.is_chief:  # main_fun returned its export path
             ctx.log_model(result)
         failed = False

@@ -28,8 +28,8 @@ from tfos.cluster.driver.progress import quiet_py4j
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.service import listen
 from tfos.cluster.driver.settings import (ClusterShape, RestartSettings, Supervision, check_picklable,
-                                          cluster_config, require_mlflow, seconds as _seconds, size_range,
-                                          validate_reserve)
+                                          cluster_config, gpus_with_reducers, require_mlflow, seconds as _seconds,
+                                          size_range, validate_reserve)
 from tfos.cluster.driver.supervisor import Supervisor
 from tfos.errors import ClusterStateError, ConfigError, NodeFailedError, TFOSError
 from tfos.feed.driver.jobs import FeedJobs
@@ -181,8 +181,9 @@ class TFCluster:
         driver to show it to other machines (it has no authentication).
 
         ``gpus_per_node``: how many of the GPUs Spark assigned its task each node uses (a count for
-        all, or one per node; 0 hides them, None uses all). Spark's GPU addresses are read through
-        the executor's own ``CUDA_VISIBLE_DEVICES`` when it sets one.
+        all, or one per node; 0 hides them, None uses all; reducers use none and take no place in
+        the list). Spark's GPU addresses are read through the executor's own ``CUDA_VISIBLE_DEVICES``
+        when it sets one.
 
         ``preimport_tensorflow``: each TF process imports TensorFlow in a background thread once
         it has registered, while it waits for the other nodes, so main_fun starts with TF loaded.
@@ -195,6 +196,7 @@ class TFCluster:
                          num_reducers)
         # the reducers are nodes too: from here on the counts include them
         num_executors, min_nodes = num_executors + num_reducers, min_nodes + num_reducers
+        gpus_per_node = gpus_with_reducers(gpus_per_node, num_ps, num_reducers)
         shape = ClusterShape(num_ps, master_node, eval_node, num_reducers)
         if min_nodes < shape.smallest:
             raise ConfigError(f"min_executors={min_nodes} leaves no node to train after {num_ps} ps node(s)"

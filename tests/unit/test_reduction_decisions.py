@@ -119,6 +119,19 @@ def test_what_a_worker_learns_of_the_reducers(monkeypatch, env, expected):
         assert reduction.reducers_here() == expected
 
 
+@pytest.mark.parametrize("value,num_ps,num_reducers,expected", [
+    ([1, 2], 0, 2, [0, 0, 1, 2]),          # one count per node but the reducers: theirs is 0
+    ([1, 1, 2], 1, 1, [1, 0, 1, 2]),       # after the ps nodes
+    (1, 0, 2, 1),                          # a count for all: as it is (the agent gives a reducer none)
+    (None, 0, 2, None),
+    ([1, 2], 0, 0, [1, 2]),
+])
+def test_a_per_node_gpu_list_skips_the_reducers(value, num_ps, num_reducers, expected):
+    from tfos.cluster.driver.settings import gpus_with_reducers
+
+    assert gpus_with_reducers(value, num_ps, num_reducers) == expected
+
+
 @pytest.mark.parametrize("num_reducers", [-1, 1.5, True, "2"])
 def test_reserve_refuses_a_bad_number_of_reducers(num_reducers):
     with pytest.raises(ConfigError, match="num_reducers"):

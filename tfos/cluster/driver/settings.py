@@ -175,6 +175,16 @@ def gpus_per_node_setting(value, num_nodes: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def gpus_with_reducers(value, num_ps: int, num_reducers: int):
+    """Pure: reserve()'s per-node ``gpus_per_node`` list given for the nodes other than the reducers,
+    with a 0 in each reducer's place (the reducers come after the ps nodes and use no GPU); any other
+    value as it is."""
+    if num_reducers and isinstance(value, (list, tuple)):
+        value = list(value)
+        return value[:num_ps] + [0] * num_reducers + value[num_ps:]
+    return value
+
+
 #: reserve(node_output=...): whose printed lines reach the driver's console
 NODE_OUTPUT = ("chief", "all", "none")
 

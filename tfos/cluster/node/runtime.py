@@ -101,7 +101,8 @@ def run_node(cfg: M.NodeConfig) -> int:
                       tunnel.port if tunnel else 0, tunnel.mode if tunnel else "")
     with DriverClient.for_node(cfg).session(timeout=c.reservation_timeout + 60.0) as start:  # one handshake
         start.register(info)
-        importing = preimport_tensorflow() if c.preimport_tensorflow else None
+        # a reducer never imports TF (tfos.tf.reduction sums with PyTorch's kernels)
+        importing = preimport_tensorflow() if c.preimport_tensorflow and cfg.job_name != REDUCER_JOB else None
         reply = start.cluster_spec(c.reservation_timeout)
     if importing is not None:  # nothing else may import TF meanwhile (it would see half a module)
         importing.join(c.reservation_timeout)

@@ -129,16 +129,6 @@ class Host:
         r = _ip("netns", "pids", self.netns, check=False)
         return [int(p) for p in r.stdout.split()] if r.returncode == 0 else []
 
-    def counters(self) -> tuple[int, int]:
-        """(tx_bytes, rx_bytes) of the host's interface, read from the root namespace through its
-        peer (the peer's rx is the host's tx)."""
-        base = f"/sys/class/net/{self.peer}/statistics/"
-        with open(base + "rx_bytes") as f:
-            tx = int(f.read())
-        with open(base + "tx_bytes") as f:
-            rx = int(f.read())
-        return tx, rx
-
 
 class Net:
     """``with Net(8, rate="1gbit") as net: net.hosts[0].exec_args(...)``."""

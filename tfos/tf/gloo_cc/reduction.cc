@@ -36,6 +36,10 @@ constexpr int64_t kMagic = 0x7f05524544ULL;  // "RED" after tfos's group key
 constexpr int kHeaderTag = 0x7f51;
 constexpr int kPlanTag = 0x7f52;
 constexpr int kDataTag = 0x7f53;
+// What a reducer accepts from a header and a plan before it allocates for them (a worker's shards
+// are tfos.tf.reduction.SHARD_BYTES, 256 KiB).
+constexpr int64_t kMaxShards = int64_t{1} << 20;
+constexpr int64_t kMaxShardBytes = int64_t{16} << 20;
 
 // the dtype codes op.cc sends (the order of its type list), as in bridge.cc
 const at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
@@ -49,6 +53,7 @@ struct Reduction {
   std::vector<std::string> names;  // reducer r's name in errors (node, host)
   int64_t calls = 0;
   bool broken = false;  // a call failed: Gloo's pairs may still write into quarantined buffers
+  std::mutex calls_mu;  // one call at a time: the reducers take the calls in the order they come
 };
 
 std::mutex mu;
@@ -118,6 +123,7 @@ extern "C" int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const
     say(e.what());
     return 1;
   }
+  std::lock_guard<std::mutex> one_call(red->calls_mu);
   if (red->broken) {
     say("an earlier all-reduce of this group failed; its connections are not used again (restart the cluster)");
     return 1;
@@ -250,6 +256,12 @@ std::string rs_serve(int64_t handle, int64_t step_timeout_ms, int lookahead) {
       }
     }
     const int64_t m = headers[0][2];
+    if (m < 0 || m > kMaxShards) {
+      red->broken = true;
+      flight.release();
+      throw std::runtime_error("reducer " + std::to_string(me) + ": a header of " + std::to_string(m) +
+                               " shards (at most " + std::to_string(kMaxShards) + ")");
+    }
     if (m == 0) continue;
     auto& plans = flight->plans;
     plans.assign(W, std::vector<int64_t>(static_cast<size_t>(3 * m)));
@@ -267,8 +279,10 @@ std::string rs_serve(int64_t handle, int64_t step_timeout_ms, int lookahead) {
         }
       }
       for (int64_t k = 0; k < m; ++k) {
-        if (plans[0][3 * k + 1] < 0 || plans[0][3 * k + 1] >= kNumTypes || plans[0][3 * k] < 1) {
-          throw std::runtime_error("a malformed plan from the workers");
+        const int64_t count = plans[0][3 * k], type = plans[0][3 * k + 1];
+        if (type < 0 || type >= kNumTypes || count < 1 || count > kMaxShardBytes ||
+            count * static_cast<int64_t>(c10::elementSize(kTypes[type])) > kMaxShardBytes) {
+          throw std::runtime_error("a malformed plan from the workers (shard " + std::to_string(k) + ")");
         }
       }
       auto& inputs = flight->inputs;

@@ -53,14 +53,11 @@ def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | N
 
     from tfos.tf import gloo, workers
 
-    resolver = strategy.cluster_resolver
-    cluster = resolver.cluster_spec().as_dict()
-    task = workers._task({"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}})
+    cluster, task, host = _place(strategy)
     chosen = workers._choose_implementation(implementation, communication) if task.size > 1 else "tf"
     if chosen == "tf":
         return False
     timeout = timeout_seconds or workers.GLOO_TIMEOUT_SECONDS
-    host, _ = workers._split_address(cluster[task.type][task.index])
     if chosen == "reduction_server":
         _gloo = _reduction_group(task, host, timeout)
         logger.info("allreduce_gradients: the reduction server, worker %d of %d", task.rank, task.size)
@@ -77,6 +74,18 @@ def init_gloo(strategy, implementation: str = "auto", timeout_seconds: float | N
                        timeout_setting="backend_options={'timeout_seconds': ...}")
     logger.info("allreduce_gradients: Gloo, rank %d of %d", task.rank, task.size)
     return True
+
+
+def _place(strategy):
+    """``(cluster, task, host)`` of this worker in ``strategy``'s cluster (tfos.tf.workers' rank rule);
+    host None without a cluster (a single worker)."""
+    from tfos.tf import workers
+
+    resolver = strategy.cluster_resolver
+    cluster = resolver.cluster_spec().as_dict()
+    task = workers._task({"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}})
+    addresses = cluster.get(task.type) or []
+    return cluster, task, workers._split_address(addresses[task.index])[0] if task.index < len(addresses) else None
 
 
 def _reduction_group(task, host: str, timeout: float):
@@ -113,11 +122,8 @@ def allreduce_gradients(grads, compression: str | None = None, implementation: s
     if implementation == "reduction_server" and not isinstance(_gloo, _reduction_class()):
         from tfos.tf import workers
 
-        resolver = tf.distribute.get_strategy().cluster_resolver
-        cluster = resolver.cluster_spec().as_dict()
-        task = workers._task({"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}})
-        _gloo = _reduction_group(task, workers._split_address(cluster[task.type][task.index])[0],
-                                 workers.GLOO_TIMEOUT_SECONDS)
+        _, task, host = _place(tf.distribute.get_strategy())
+        _gloo = _reduction_group(task, host, workers.GLOO_TIMEOUT_SECONDS)
     present = [(i, tf.convert_to_tensor(g)) for i, g in enumerate(grads) if g is not None]  # IndexedSlices: dense
     if not present:
         return list(grads)

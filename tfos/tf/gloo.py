@@ -97,7 +97,36 @@ def store_on_free_port(size: int, timeout_seconds: float):
                          timeout=datetime.timedelta(seconds=timeout_seconds))
 
 
-class Group:
+def process_group(store, rank: int, size: int, host: str, timeout, threads: int = THREADS):
+    """PyTorch's Gloo process group of ``size`` ranks meeting in ``store``, its connections bound to
+    ``host``, every collective bounded by ``timeout`` (a timedelta); shared with :mod:`tfos.tf.reduction`."""
+    import torch.distributed as dist
+
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    opts._threads = threads
+    return dist.ProcessGroupGloo(store, rank, size, opts)
+
+
+class Compressing:
+    """``reduce_flats`` for a group with ``size`` and ``all_reduce_many`` (:class:`Group`, the
+    reduction server's :class:`tfos.tf.reduction.WorkerGroup`)."""
+
+    def reduce_flats(self, flats, owned, average: bool, compression):
+        """:meth:`all_reduce_many` of the 1-D ``flats`` with ``compression`` (see
+        :mod:`tfos.tf.compression`); a compression cast is a buffer of our own, pre-divided, so its
+        all-reduce sums where the others average."""
+        from tfos.tf import compression as _compression
+
+        wire = [_compression.compress(f, compression, self.size) for f in flats]
+        ys = self.all_reduce_many([w for w, _ in wire], [own or c for own, (_, c) in zip(owned, wire)],
+                                  [average and not c for _, c in wire])
+        return [_compression.decompress(y, f.dtype, self.size, average) if c else y
+                for f, (_, c), y in zip(flats, wire, ys)]
+
+
+class Group(Compressing):
     """A Gloo process group of ``size`` ranks meeting in ``store`` (every rank passes its own: a
     :func:`node_store`, or rank 0's TCPStore), or else in a TCPStore that rank 0 hosts on
     ``store_address`` (host, port); every rank's Gloo connections bind to ``host``."""
@@ -113,11 +142,7 @@ class Group:
         try:
             self._store = store or dist.TCPStore(store_host, int(store_port), size, is_master=rank == 0,
                                                  timeout=timeout, wait_for_workers=True)
-            opts = dist.ProcessGroupGloo._Options()
-            opts._timeout = timeout
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-            opts._threads = THREADS
-            self.pg = dist.ProcessGroupGloo(self._store, rank, size, opts)
+            self.pg = process_group(self._store, rank, size, host, timeout)
         except Exception as e:
             raise CollectiveError(
                 f"Gloo rendezvous of rank {rank} of {size} "
@@ -136,18 +161,6 @@ class Group:
         if self.pg not in self._handles:
             self._handles[self.pg] = self._kernel.register(self.pg)
         return self._handles[self.pg]
-
-    def reduce_flats(self, flats, owned, average: bool, compression):
-        """:meth:`all_reduce_many` of the 1-D ``flats`` with ``compression`` (see
-        :mod:`tfos.tf.compression`); a compression cast is a buffer of our own, pre-divided, so its
-        all-reduce sums where the others average."""
-        from tfos.tf import compression as _compression
-
-        wire = [_compression.compress(f, compression, self.size) for f in flats]
-        ys = self.all_reduce_many([w for w, _ in wire], [own or c for own, (_, c) in zip(owned, wire)],
-                                  [average and not c for _, c in wire])
-        return [_compression.decompress(y, f.dtype, self.size, average) if c else y
-                for f, (_, c), y in zip(flats, wire, ys)]
 
     def _wait(self, works, what: str) -> None:
         """Wait for every one of ``works``, even after one failed (none may go on writing into a

@@ -38,6 +38,7 @@ import os
 import sys
 
 from tfos.errors import CollectiveError, ConfigError
+from tfos.tf import gloo
 from tfos.topology import ENV_REDUCER_NAMES, ENV_REDUCERS, REDUCER_JOB
 
 logger = logging.getLogger(__name__)
@@ -96,13 +97,16 @@ def reducers_here() -> tuple[int, list[str]]:
     return count, [str(n) for n in names][:count] + [f"reducer {r}" for r in range(len(names), count)]
 
 
+NOT_BUILT = ("the reduction server runs in tfos's Gloo op, which is not built here: build it with "
+             "'python -m tfos.tf.gloo_kernel build' (needs g++; TFOS_GLOO_KERNEL=0 switches it off)")
+
+
 def _kernel():
     from tfos.tf import gloo_kernel
 
     kernel = gloo_kernel.load()
     if kernel is None:
-        raise ConfigError("the reduction server runs in tfos's Gloo op, which is not built here: build it with "
-                          "'python -m tfos.tf.gloo_kernel build' (needs g++; TFOS_GLOO_KERNEL=0 switches it off)")
+        raise ConfigError(NOT_BUILT)
     return kernel
 
 
@@ -114,14 +118,10 @@ def _process_group(store, store_address, rank: int, world: int, host: str, timeo
         store_host, store_port = store_address
         store = dist.TCPStore(store_host, int(store_port), world, is_master=is_master, timeout=timeout,
                               wait_for_workers=False)
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    opts._threads = 2
-    return store, dist.ProcessGroupGloo(store, rank, world, opts)
+    return store, gloo.process_group(store, rank, world, host, timeout, threads=2)
 
 
-class WorkerGroup:
+class WorkerGroup(gloo.Compressing):
     """A worker's side: all-reduces through the ``num_reducers`` reducers. ``rank`` among the
     ``size`` workers; the group meets in ``store`` (the driver's, in a tfos node) or at worker 0's
     TCPStore on ``store_address``; its connections bind to ``host``. Same interface as
@@ -150,28 +150,16 @@ class WorkerGroup:
         return (f"CollectiveError: reduction-server all-reduce failed on worker {self.rank} of {self.size} (the "
                 f"collective timeout is {self.timeout_seconds:g} s, {self.timeout_setting})")
 
-    def reduce_flats(self, flats, owned, average: bool, compression):
-        """As :meth:`tfos.tf.gloo.Group.reduce_flats`: ``compression`` casts made here are pre-divided and summed."""
-        from tfos.tf import compression as _compression
-
-        wire = [_compression.compress(f, compression, self.size) for f in flats]
-        ys = self.all_reduce_many([w for w, _ in wire], [own or c for own, (_, c) in zip(owned, wire)],
-                                  [average and not c for _, c in wire])
-        return [_compression.decompress(y, f.dtype, self.size, average) if c else y
-                for f, (_, c), y in zip(flats, wire, ys)]
-
     def all_reduce_many(self, flats, owned, average):
         """Sum (or mean, where ``average[i]``) each 1-D tensor of ``flats`` over the workers, through the
         reducers, in one op. ``owned``: as for Gloo (the op forwards a buffer nothing else reads,
         and copies any other)."""
         import tensorflow as tf
 
-        from tfos.tf.gloo import SUMMABLE
-
         xs, casts = [], []
         for flat in flats:
             dtype = flat.dtype
-            if dtype.name not in SUMMABLE:
+            if dtype.name not in gloo.SUMMABLE:
                 if not dtype.is_floating:
                     raise TypeError(f"the reduction server cannot sum {dtype.name} tensors")
                 flat = tf.cast(flat, tf.float32)
@@ -224,8 +212,6 @@ def worker_group(rank: int, size: int, host: str, timeout_seconds: float, store_
         raise ConfigError("implementation='reduction_server' needs reducers: reserve(..., num_reducers=R) in a "
                           f"tfos cluster, or {ENV_REDUCERS}=R with reducers started by 'python -m tfos.tf.reduction "
                           "serve' outside one")
-    from tfos.tf import gloo
-
     store = gloo.node_store(SCOPE, timeout_seconds)
     if store is None and store_address is None:
         raise ConfigError("outside a tfos node the reduction server needs worker 0's address (TF_CONFIG)")
@@ -246,8 +232,7 @@ def serve(index: int, workers: int, reducers: int, host: str, step_timeout: floa
 
     kernel = gloo_kernel.load_bridge()  # no TensorFlow in a reducer: it sums with PyTorch's kernels
     if kernel is None:
-        raise ConfigError("a reducer runs tfos's Gloo op's bridge, which is not built here: build it with "
-                          "'python -m tfos.tf.gloo_kernel build' (needs g++; TFOS_GLOO_KERNEL=0 switches it off)")
+        raise ConfigError(NOT_BUILT)
     torch.set_num_threads(1)  # one sum at a time per reducer; the cores are the workers'
     _, pg = _process_group(store, store_address, workers + index, workers + reducers, host, idle_timeout, False)
     handle = kernel.register_reduction(pg, workers, [])
@@ -267,7 +252,6 @@ def serve_node(cfg, spec_nodes, timeout_seconds: float | None) -> None:
     """A reducer node's work (instead of ``main_fun``): serve the cluster's workers until they end.
     ``spec_nodes``: the nodes as TF names them (private addresses with the tunnel); the
     ``timeout_seconds`` of the backend bounds every wait within an all-reduce."""
-    from tfos.tf import gloo
     from tfos.tf.workers import GLOO_TIMEOUT_SECONDS
     from tfos.topology import num_training_nodes
 

@@ -153,10 +153,12 @@ class DriverClient:
     def feed_terminated(self, qname: str) -> None:
         self._request(M.FeedTerminated(self.cluster_id, self.node_index, qname))
 
-    def gather(self, key: str, value: int, wait: float = 5.0) -> M.GatherReply:
-        """Give this rank's ``value`` for all-gather ``key``; the driver answers with every rank's
-        once all are in (it waits up to ``wait`` s for them), else with the ranks still missing."""
-        return self._request(M.Gather(self.cluster_id, self.node_index, key, int(value), wait), timeout=wait + 30.0)
+    def gather(self, key: str, value: int, wait: float = 5.0, text: str = "") -> M.GatherReply:
+        """Give this rank's ``value`` (and ``text``) for all-gather ``key``; the driver answers with
+        every rank's once all are in (it waits up to ``wait`` s for them), else with the ranks still
+        missing."""
+        return self._request(M.Gather(self.cluster_id, self.node_index, key, int(value), wait, text),
+                             timeout=wait + 30.0)
 
     def feed_gate(self, feed_id: str, need: int, wait: float = 5.0) -> M.FeedGateReply:
         """The driver's safe row count of a feed for this node (waits server side up to ``wait`` s

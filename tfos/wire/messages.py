@@ -360,7 +360,8 @@ class NodeStacks:
 
 @message
 class Gather:
-    """TF process -> driver: this training rank's ``value`` for the all-gather ``key``; answered
+    """TF process -> driver: this training rank's ``value`` (and ``text``: a string such as
+    ``BarrierTaskContext.allGather``'s message, at most 64 KiB) for the all-gather ``key``; answered
     once every training rank gave its value, or after ``wait`` seconds (at most 10; ask again)."""
 
     cluster_id: str
@@ -368,12 +369,14 @@ class Gather:
     key: str
     value: int
     wait: float = 5.0
+    text: str = ""
 
 
 @message
 class GatherReply:
     values: tuple[int, ...] = ()  # every training rank's value by rank, once all are in (else empty)
     missing: tuple[int, ...] = ()  # the ranks still to give theirs
+    texts: tuple[str, ...] = ()  # every training rank's text by rank, with ``values``
 
 
 @message

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 MAX_EVENTS_PER_NODE = 200000
 #: ... and on all nodes' together (about 200 bytes each): thousands of nodes do not fill the memory
 MAX_EVENTS = 2_000_000
+GATHER_TEXT_MAX = 65536  # characters of one rank's text in an all-gather (BarrierTaskContext.allGather)
 
 
 @dataclass
@@ -357,17 +358,19 @@ class NodeRegistry:
             self.roles) else None
         if rank is None:
             raise ProtocolError(f"node {msg.node_index} is not a training rank: it takes no part in all-gathers")
+        if len(msg.text) > GATHER_TEXT_MAX:
+            return M.ErrorReply(f"an all-gather's text is at most {GATHER_TEXT_MAX} characters, got {len(msg.text)}")
         size = topology.num_training_nodes(self.roles)
         with self.cond:
-            values = self.gathers.setdefault(msg.key, {})
-            if len(self.gathers) > 1024:
+            if msg.key not in self.gathers and len(self.gathers) >= 1024:
                 return M.ErrorReply("too many all-gathers in one attempt (at most 1024 keys)")
-            values[rank] = msg.value
+            values = self.gathers.setdefault(msg.key, {})
+            values[rank] = (msg.value, msg.text)
             self.cond.notify_all()
             self.cond.wait_for(lambda: len(values) == size, timeout=min(max(msg.wait, 0.0), 10.0))
             if len(values) < size:
                 return M.GatherReply((), tuple(r for r in range(size) if r not in values))
-            return M.GatherReply(tuple(values[r] for r in range(size)))
+            return M.GatherReply(tuple(values[r][0] for r in range(size)), texts=tuple(values[r][1] for r in range(size)))
 
     # Gloo's rendezvous: the store has its own lock (a wait for a key holds no registry lock)
     def on_store_set(self, msg: M.StoreSet):

@@ -101,13 +101,23 @@ class NodeContext:
         plans (tensors go through the collectives). Every chief/worker must call it with the same
         key; ps/evaluator nodes cannot. Raises TFOSTimeoutError naming the ranks still missing after
         ``timeout`` seconds."""
+        return [v for v, _ in self._gather(key, int(value), "", timeout)]
+
+    def all_gather_text(self, key: str, text: str, timeout: float = 600.0) -> list[str]:
+        """:meth:`all_gather` for strings (at most 64 KiB each): every training rank's ``text``, by rank."""
+        if not isinstance(text, str):
+            raise TypeError(f"all_gather_text takes a str, got {type(text).__name__}")
+        return [t for _, t in self._gather(key, 0, text, timeout)]
+
+    def _gather(self, key: str, value: int, text: str, timeout: float) -> list[tuple[int, str]]:
         if self.rank is None:
             raise ConfigError(f"all_gather is for the training ranks (chief and workers), not {self.job_name}")
         deadline = time.monotonic() + timeout
         while True:
-            reply = self.reporter.driver.gather(key, value, wait=max(0.0, min(5.0, deadline - time.monotonic())))
+            reply = self.reporter.driver.gather(key, value, wait=max(0.0, min(5.0, deadline - time.monotonic())),
+                                                text=text)
             if reply.values:
-                return list(reply.values)
+                return list(zip(reply.values, reply.texts or ("",) * len(reply.values)))
             if time.monotonic() >= deadline:
                 raise TFOSTimeoutError(f"ranks {list(reply.missing)} did not give their value for all_gather({key!r}) "
                                        f"within {timeout:.0f}s; raise all_gather(timeout=...)")

@@ -104,23 +104,25 @@ def _task_conf(entry, resource: str) -> dict:
 
 
 def _session(spark):
-    """The session to run on: the given one, else the active classic or Spark Connect session."""
+    """The session to run on: the given one, else this thread's active session, else the default
+    one (the first made in this process), classic or Spark Connect: as ``SparkSession.active()``
+    finds it, so a notebook's background thread runs on the notebook's session."""
     if spark is not None:
         return spark
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    if active is None:
+    found = SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
+    if found is None:
         try:
             from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-            active = ConnectSession.getActiveSession()
         except ImportError:  # pyspark without the connect extra
-            active = None
-    if active is None:
-        raise ConfigError("no active SparkSession: create one first (SparkSession.builder...getOrCreate()), or pass "
+            ConnectSession = None
+        if ConnectSession is not None:
+            found = ConnectSession.getActiveSession() or ConnectSession._get_default_session()
+    if found is None:
+        raise ConfigError("no SparkSession: create one first (SparkSession.builder...getOrCreate()), or pass "
                           "spark=...")
-    return active
+    return found
 
 
 def _driver_gpus(entry, resource: str) -> list[str]:
@@ -264,6 +266,30 @@ class MirroredStrategyRunner:
     def num_tasks(self) -> int | None:
         """Spark tasks (TF nodes) a distributed run uses; None in local mode."""
         return None if self._tasks is None else len(self._tasks)
+
+    def get_num_tasks(self) -> int:
+        """The original's method: the Spark tasks a distributed run uses (``ceil(num_slots / GPUs per
+        task)`` with GPUs, ``num_slots`` on CPU), also asked in local mode."""
+        if self._tasks is not None:
+            return len(self._tasks)
+        from tfos.cluster.driver.spark import spark_entry
+
+        amount = None
+        if self.use_gpu:
+            entry = spark_entry(_session(self.spark))
+            amount = task_gpu_amount(_task_conf(entry, self.gpu_resource_name), self.gpu_resource_name)
+        return len(runner_tasks(self.num_slots, self.use_gpu, amount, self.gpu_resource_name))
+
+    @property
+    def sc(self):
+        """The original's attribute: the SparkContext of the session the runner uses. A Spark
+        Connect client has none (ConfigError: its session's ``conf`` answers the same questions)."""
+        session = _session(self.spark)
+        try:
+            return session.sparkContext
+        except Exception as e:  # Connect: [JVM_ATTRIBUTE_NOT_SUPPORTED]
+            raise ConfigError(f"runner.sc: a Spark Connect session has no SparkContext ({type(e).__name__}); read "
+                              "settings with spark.conf.get(...) instead") from None
 
     def run(self, train_fn, **kwargs):
         if self.local_mode:

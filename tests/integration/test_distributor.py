@@ -114,6 +114,10 @@ def see_devices():
 
 def test_runner_allocation_and_refusals(spark):
     assert MirroredStrategyRunner(num_slots=2).num_tasks == 2  # tasks of 1 GPU (spark.task.resource.gpu.amount=1)
+    # the original's surface: sc and get_num_tasks(), in local mode too
+    runner = MirroredStrategyRunner(num_slots=2)
+    assert runner.sc is spark.sparkContext and runner.get_num_tasks() == 2
+    assert MirroredStrategyRunner(num_slots=1, local_mode=True, use_gpu=False).get_num_tasks() == 1
     assert MirroredStrategyRunner(num_slots=3, use_gpu=False).num_tasks == 3
     with pytest.raises(ValueError, match="num_slots"):
         MirroredStrategyRunner(num_slots=0)
@@ -167,3 +171,45 @@ def test_runner_trains_digits_under_mwms_on_cpu_tasks(spark):
         digits_fit, epochs=8, batch_size=32)
     assert result["rank"] == 0 and result["replicas"] == 2 and result["cuda"] == ""
     assert result["accuracy"] >= 0.9, result
+
+
+def barrier_view(tag):
+    """Runs on every rank: what pyspark's BarrierTaskContext says inside a TFDistributor function."""
+    from pyspark import BarrierTaskContext, TaskContext
+
+    ctx = BarrierTaskContext.get()
+    assert TaskContext.get() is ctx
+    ctx.barrier()
+    gathered = ctx.allGather(f"{tag}-{ctx.partitionId()}")
+    again = ctx.allGather(str(len(ctx.getTaskInfos())))
+    return {"gathered": gathered, "again": again, "infos": [i.address for i in ctx.getTaskInfos()],
+            "gpus": ctx.resources()["gpu"].addresses, "partition": ctx.partitionId()}
+
+
+@pytest.mark.slow
+def test_barrier_task_context_in_the_function_and_a_run_from_another_thread(spark):
+    """spark-tensorflow-distributor's programs call BarrierTaskContext.get() in train_fn: each rank
+    gets a working one (allGather and barrier over tfos's control channel, its partition, every
+    node's address, its GPUs); a run started from a thread that never made the session (a notebook's
+    background cell) finds the session and returns rank 0's value; outside, pyspark is untouched."""
+    import threading
+
+    from pyspark import TaskContext
+
+    out = {}
+
+    def in_thread():
+        try:
+            out["value"] = TFDistributor(num_processes=2).run(barrier_view, "r")
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            out["error"] = e
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join(300)
+    assert not t.is_alive() and "error" not in out, out.get("error")
+    value = out["value"]
+    assert value["gathered"] == ["r-0", "r-1"] and value["again"] == ["2", "2"]
+    assert value["partition"] == 0 and len(value["infos"]) == 2 and all(":" in a for a in value["infos"])
+    assert len(value["gpus"]) == 0 or value["gpus"] == ["0"] or len(value["gpus"]) == 1
+    assert TaskContext.get() is None  # the driver's pyspark was never touched

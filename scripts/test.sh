@@ -40,6 +40,8 @@ if [ "$#" -eq 0 ]; then
   run_pytest "Spark Connect" python -m pytest --connect
   echo "== reduction-server tests (local-cluster[2,2,1024]: 2 workers and 2 reducers)"
   run_pytest "reduction server" python -m pytest --reduction
+  echo "== spark-tensorflow-distributor's own tests on tfos.compat (tests/upstream_std)"
+  run_pytest "upstream spark-tensorflow-distributor" python -m pytest --upstream-std --durations=5
 fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_MULTIHOST:-0}" != "1" ]; then
   echo "== multi-host tests (Spark standalone, one network namespace per host)"

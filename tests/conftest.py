@@ -22,7 +22,8 @@ SPARK_FIXTURES = {"spark", "sc", "tfos_cluster", "connect_spark", "connect_clust
 # Suites that need a pytest session of their own (one process holds one Spark driver): option -> folder.
 SEPARATE = {"--multihost": os.path.join(ROOT, "tests", "multihost"), "--connect": os.path.join(ROOT, "tests", "connect"),
             "--hadoop": os.path.join(ROOT, "tests", "hadoop"),
-            "--reduction": os.path.join(ROOT, "tests", "reduction")}
+            "--reduction": os.path.join(ROOT, "tests", "reduction"),
+            "--upstream-std": os.path.join(ROOT, "tests", "upstream_std")}
 
 
 def pytest_addoption(parser):
@@ -38,6 +39,10 @@ def pytest_addoption(parser):
                      help="run only the reduction-server tests on the embedded Spark (tests/reduction: a "
                           "local-cluster[2,2,1024] of 4 task slots, for 2 workers and 2 reducers); their own pytest "
                           "session, since the shared local-cluster has 2 slots.")
+    parser.addoption("--upstream-std", action="store_true",
+                     help="run only spark-tensorflow-distributor's own integration tests on tfos.compat "
+                          "(tests/upstream_std: a local-cluster per Spark configuration they ask for); their own "
+                          "pytest session.")
     parser.addoption("--connect", action="store_true",
                      help="run only the Spark Connect tests (tests/connect: a Connect session on an embedded "
                           "local-cluster[2,1,1024] server); their own pytest session, for the same reason.")

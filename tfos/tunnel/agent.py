@@ -56,6 +56,14 @@ def parse_ready(line: str) -> tuple[int, str, str]:
     raise TunnelError(f"the node's tunnel said {line.strip()[:200]!r} instead of READY")
 
 
+def pod_mode(port: int, mode: str, reason: str, pod: bool) -> tuple[int, str, str]:
+    """Pure: in a Kubernetes pod, the loopback the tunnel serves is the pod's own network namespace
+    (only the pod's containers share it): mode "pod", as protected as "netns"."""
+    if pod and mode == "loopback":
+        return port, "pod", "the pod's own network namespace"
+    return port, mode, reason
+
+
 def shim_environment(info: M.TunnelInfo, shim: str, env) -> dict[str, str]:
     """Pure: what the TF process's environment gets so that its TF and Gloo sockets live in the
     node's private network (the shim first in LD_PRELOAD)."""
@@ -68,9 +76,10 @@ def shim_environment(info: M.TunnelInfo, shim: str, env) -> dict[str, str]:
 class NodeTunnel:
     """One node's tunnel process."""
 
-    def __init__(self, cfg: M.NodeConfig, netns: str = "auto"):
+    def __init__(self, cfg: M.NodeConfig, netns: str = "auto", pod: bool = False):
         self.cfg = cfg
         self.netns = netns
+        self.pod = pod  # a Kubernetes pod: its loopback is the pod's own, as private as a namespace of ours
         self.proc: subprocess.Popen | None = None
         self.info: M.TunnelInfo | None = None
         self.shim = ""
@@ -88,7 +97,7 @@ class NodeTunnel:
         self.proc.stdin.write(json.dumps(settings).encode() + b"\n")
         self.proc.stdin.flush()  # stdin stays open: its end tells the tunnel we are gone
         line = self._first_line(timeout)
-        port, mode, reason = parse_ready(line)
+        port, mode, reason = pod_mode(*parse_ready(line), self.pod)
         self.info = M.TunnelInfo(port=port, mode=mode, reason=reason, control=control, block=block,
                                  address=settings["self_ip"], tf_port=addresses.tf_port_for(c.cluster_id))
         logger.info("node tunnel %d: port %d, %s%s", self.proc.pid, port, mode, f" ({reason})" if reason else "")

@@ -52,7 +52,9 @@ class NodeInfo:
     feed_port: int
     pid: int
     tunnel_port: int = 0  # its tunnel's port on ``host`` (0: no tunnel, TF listens on ``host`` itself)
-    tunnel_mode: str = ""  # "netns": TF and Gloo in a private namespace; "loopback": on the host's loopback
+    # "netns": TF and Gloo in a private namespace; "pod": on a Kubernetes pod's own loopback (as
+    # private); "loopback": on the host's loopback (other users of the host can connect)
+    tunnel_mode: str = ""
 
     @property
     def address(self) -> str:
@@ -64,7 +66,7 @@ class TunnelInfo:
     """A node's tunnel, as its agent started it (tfos.tunnel): the TF process's private network."""
 
     port: int  # the tunnel's port on the node's host (other nodes' tunnels connect to it)
-    mode: str  # "netns" or "loopback" (the host gave no private namespace: ``reason``)
+    mode: str  # "netns", "pod" (a Kubernetes pod's own loopback) or "loopback" (no private namespace: ``reason``)
     control: str  # the tunnel's control socket (private directory)
     block: str  # the cluster's loopback block, e.g. "127.77"
     address: str  # this node's address in the block

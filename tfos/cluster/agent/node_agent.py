@@ -154,7 +154,7 @@ class NodeAgent:
                              limits[cfg.node_index] if cfg.node_index < len(limits) else None
                              ) if cfg.job_name not in CPU_ONLY_JOBS else []
             if cfg.cluster.key.encrypt:
-                self.tunnel = NodeTunnel(cfg, tunnel_netns(cfg.cluster.env, os.environ))
+                self.tunnel = NodeTunnel(cfg, tunnel_netns(cfg.cluster.env, os.environ), pod=in_pod(os.environ))
                 self.tunnel.start()
             self.start_tf_process(gpus)
             self.driver.agent_started(cfg.host, os.getpid(), self.proc.pid, self.log_path)
@@ -313,9 +313,17 @@ class NodeAgent:
 
 def tunnel_netns(cluster_env, env) -> str:
     """Pure: whether the tunnel tries a private network namespace ("auto") or uses the host's loopback
-    ("off"): ``TFOS_TUNNEL_NETNS`` in reserve(env=...), else in the executor's environment."""
-    value = cluster_env.get("TFOS_TUNNEL_NETNS", env.get("TFOS_TUNNEL_NETNS", "auto"))
+    ("off"): ``TFOS_TUNNEL_NETNS`` in reserve(env=...), else in the executor's environment. In a
+    Kubernetes pod the default is "off": the pod's network namespace is already private to the
+    pod's containers, and a pod may not make user namespaces (seccomp RuntimeDefault refuses them)."""
+    value = cluster_env.get("TFOS_TUNNEL_NETNS", env.get("TFOS_TUNNEL_NETNS", "off" if in_pod(env) else "auto"))
     return "off" if value.lower() in ("0", "off", "false", "no") else "auto"
+
+
+def in_pod(env) -> bool:
+    """Pure: whether this process runs in a Kubernetes pod (the kubelet sets KUBERNETES_SERVICE_HOST
+    in every container)."""
+    return bool(env.get("KUBERNETES_SERVICE_HOST"))
 
 
 def tf_process_pid(reaper_pid: int) -> int | None:

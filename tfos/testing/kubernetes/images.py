@@ -1,0 +1,323 @@
+"""Images for the test Kubernetes, built here and never pulled.
+
+* ``tfos.local/pause``: the pod sandbox's process (a static C program that waits for a signal);
+* ``tfos.local/spark-tfos``: a Debian 12 root file system (``mmdebstrap``: Java 17, Python 3.11)
+  with a virtualenv holding pyspark, TensorFlow and tfos at the host's versions, tfos's native
+  parts built ahead (``tfos build``: the tunnel and its shim; a pod never runs cargo or a
+  compiler), Spark's entry point for driver and executor pods, and the user ``spark`` (uid 185).
+
+Each is written as an OCI image layout (one uncompressed layer) and imported into the cluster's
+containerd; both are kept in the cache, keyed by what they are built from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from tfos.errors import TFOSError
+from tfos.host.private import user_cache_dir
+
+log = logging.getLogger(__name__)
+
+PAUSE_IMAGE = "tfos.local/pause:1"
+IMAGE_REPO = "tfos.local/spark-tfos"
+SPARK_UID = 185
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+IMAGE_PACKAGES = ("openjdk-17-jre-headless", "python3", "python3-venv", "procps", "tini", "bash", "coreutils",
+                  "ca-certificates")
+#: where things live in the image
+VENV = "/opt/tfos/venv"
+NATIVE = "/opt/tfos/native"
+ENTRYPOINT = "/opt/tfos/entrypoint.sh"
+EXAMPLES = "/opt/tfos/examples"  # the repository's examples/ (cluster mode runs local:// files of the image)
+
+PAUSE_C = r"""
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void stop(int sig) { (void)sig; _exit(0); }
+static void reap(int sig) { (void)sig; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+  signal(SIGINT, stop);
+  signal(SIGTERM, stop);
+  signal(SIGCHLD, reap);
+  for (;;) pause();
+}
+"""
+
+
+class ImageError(TFOSError):
+    """An image for the test Kubernetes could not be built or imported."""
+
+
+def _run(argv, what: str, timeout: float = 1800, **kw) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    if done.returncode != 0:
+        raise ImageError(f"{what} failed ({argv[0]} exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+# ---------------------------------------------------------------------- OCI layout
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_oci(out: Path, name: str, layer: Path, config: dict) -> Path:
+    """An OCI image layout tar at ``out`` named ``name``: ``layer`` (an uncompressed tar of the root
+    file system) and ``config`` (the image's ``config`` section: Entrypoint, Env, User, ...)."""
+    diff = _sha256_file(layer)
+    image_config = json.dumps({"architecture": "amd64", "os": "linux", "config": config,
+                               "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff}"]}}).encode()
+    config_digest = hashlib.sha256(image_config).hexdigest()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": f"sha256:{config_digest}",
+                   "size": len(image_config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": f"sha256:{diff}",
+                    "size": layer.stat().st_size}]}).encode()
+    manifest_digest = hashlib.sha256(manifest).hexdigest()
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": f"sha256:{manifest_digest}",
+        "size": len(manifest), "platform": {"architecture": "amd64", "os": "linux"},
+        "annotations": {"org.opencontainers.image.ref.name": name, "io.containerd.image.name": name}}]}).encode()
+    tmp = out.with_suffix(".partial")
+    with tarfile.open(tmp, "w") as tar:
+        def add_bytes(arcname: str, data: bytes) -> None:
+            info = tarfile.TarInfo(arcname)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        add_bytes("oci-layout", b'{"imageLayoutVersion": "1.0.0"}')
+        add_bytes("index.json", index)
+        add_bytes(f"blobs/sha256/{config_digest}", image_config)
+        add_bytes(f"blobs/sha256/{manifest_digest}", manifest)
+        tar.add(str(layer), arcname=f"blobs/sha256/{diff}")
+    os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------------- pause
+
+def pause_image() -> Path:
+    """The sandbox image's OCI tar (built once per source)."""
+    key = hashlib.sha256(PAUSE_C.encode()).hexdigest()[:12]
+    cache = Path(user_cache_dir(f"k8s-pause-{key}"))
+    out = cache / "pause.oci.tar"
+    if out.exists():
+        return out
+    (cache / "pause.c").write_text(PAUSE_C)
+    _run(["gcc", "-static", "-O2", "-o", str(cache / "pause"), str(cache / "pause.c")], "compiling pause")
+    layer = cache / "layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        info = tar.gettarinfo(str(cache / "pause"), arcname="pause")
+        info.uid = info.gid = 0
+        info.mode = 0o755
+        with open(cache / "pause", "rb") as f:
+            tar.addfile(info, f)
+    write_oci(out, PAUSE_IMAGE, layer, {"Entrypoint": ["/pause"], "User": "65535:65535"})
+    layer.unlink()
+    return out
+
+
+# ---------------------------------------------------------------------- the tfos image
+
+def _versions() -> dict[str, str]:
+    """The host's versions of what the image installs: the image runs what the driver runs."""
+    from importlib import metadata
+
+    out = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name.lower() not in ("tfos",) and not name.lower().startswith(("nvidia-", "torch", "triton")):
+            out[name.lower()] = dist.version
+    return out
+
+
+def image_key(repo_root: Path) -> str:
+    """What the tfos image is built from: the tfos sources, the host's package versions, the
+    Debian packages and this module."""
+    h = hashlib.sha256()
+    for p in sorted((repo_root / "tfos").rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".so"):
+            h.update(str(p.relative_to(repo_root)).encode() + b"\0" + p.read_bytes())
+    for p in sorted((repo_root / "examples" / "digits").glob("*.py")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    for p in (repo_root / "pyproject.toml", repo_root / "setup.py"):
+        h.update(p.read_bytes())
+    h.update(json.dumps(sorted(_versions().items())).encode())
+    h.update(" ".join(IMAGE_PACKAGES).encode())
+    return h.hexdigest()[:12]
+
+
+ENTRYPOINT_SH = r"""#!/bin/bash
+# Spark's pods: "driver" runs spark-submit in client mode inside the driver pod, "executor" runs
+# the executor backend, anything else runs as given. Spark sets the variables named here.
+set -eo pipefail
+export SPARK_HOME=__SPARK_HOME__
+export PYSPARK_PYTHON=__VENV__/bin/python PYSPARK_DRIVER_PYTHON=__VENV__/bin/python
+export PATH=__VENV__/bin:$PATH
+case "$1" in
+  driver)
+    shift
+    # tfos's control service listens on the driver pod's own address (executors reach the pod by IP)
+    export TFOS_SERVER_HOST="${TFOS_SERVER_HOST:-$SPARK_DRIVER_BIND_ADDRESS}"
+    exec "$SPARK_HOME/bin/spark-submit" --conf "spark.driver.bindAddress=$SPARK_DRIVER_BIND_ADDRESS" \
+      --deploy-mode client "$@" ;;
+  executor)
+    shift
+    opts=()
+    while IFS= read -r -d '' line; do opts+=("$line"); done < <(env -0 | grep -z '^SPARK_JAVA_OPT_' | sort -z -t_ -k4 -n | sed -z 's/^[^=]*=//')
+    exec java "${opts[@]}" -Xms"$SPARK_EXECUTOR_MEMORY" -Xmx"$SPARK_EXECUTOR_MEMORY" \
+      -cp "$SPARK_HOME/conf::$SPARK_HOME/jars/*${SPARK_CLASSPATH:+:$SPARK_CLASSPATH}" \
+      org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
+      --driver-url "$SPARK_DRIVER_URL" --executor-id "$SPARK_EXECUTOR_ID" --cores "$SPARK_EXECUTOR_CORES" \
+      --app-id "$SPARK_APPLICATION_ID" --hostname "$SPARK_EXECUTOR_POD_IP" \
+      --resourceProfileId "$SPARK_RESOURCE_PROFILE_ID" --podName "$SPARK_EXECUTOR_POD_NAME" ;;
+  *)
+    exec "$@" ;;
+esac
+"""
+
+
+def _mounts(rootfs: Path):
+    for src, dst in (("/proc", "proc"), ("/dev", "dev"), ("/sys", "sys")):
+        target = rootfs / dst
+        target.mkdir(exist_ok=True)
+        subprocess.run(["mount", "--rbind", src, str(target)], check=True)
+        subprocess.run(["mount", "--make-rslave", str(target)], check=True)
+
+
+def _umounts(rootfs: Path):
+    for dst in ("sys", "dev", "proc"):
+        subprocess.run(["umount", "-R", "-l", str(rootfs / dst)], capture_output=True)
+
+
+def build_tfos_image(repo_root: Path) -> tuple[str, Path]:
+    """The tfos image's name and OCI tar, built unless the cache has it for these sources."""
+    repo_root = Path(repo_root).resolve()
+    key = image_key(repo_root)
+    name = f"{IMAGE_REPO}:{key}"
+    cache = Path(user_cache_dir("k8s-image"))
+    out = cache / f"spark-tfos-{key}.oci.tar"
+    if out.exists():
+        return name, out
+    for old in cache.glob("spark-tfos-*.oci.tar"):
+        old.unlink()
+    base = cache / f"base-{hashlib.sha256(' '.join(IMAGE_PACKAGES).encode()).hexdigest()[:12]}.tar"
+    if not base.exists():
+        log.info("building the image's Debian root file system (mmdebstrap %s)", DEBIAN_SUITE)
+        _run(["mmdebstrap", "--mode=root", "--format=tar", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}",
+              DEBIAN_SUITE, str(base) + ".partial", f"deb {DEBIAN_MIRROR} {DEBIAN_SUITE} main",
+              f"deb {DEBIAN_MIRROR} {DEBIAN_SUITE}-updates main",
+              f"deb http://deb.debian.org/debian-security {DEBIAN_SUITE}-security main"], "mmdebstrap")
+        os.replace(str(base) + ".partial", base)
+    work = Path(tempfile.mkdtemp(prefix="tfos-image-", dir=cache))
+    rootfs = work / "rootfs"
+    try:
+        rootfs.mkdir()
+        _run(["tar", "-C", str(rootfs), "-xpf", str(base)], "unpacking the base")
+        _install(repo_root, rootfs, work)
+        layer = work / "layer.tar"
+        _run(["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", str(layer), "."], "packing the layer")
+        write_oci(out, name, layer, {
+            "Entrypoint": ["/usr/bin/tini", "-s", "--", ENTRYPOINT], "User": f"{SPARK_UID}",
+            "WorkingDir": "/opt/tfos/work",
+            "Env": [f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    f"SPARK_HOME={_spark_home_in_image()}", f"TFOS_TUNNEL_DIR={NATIVE}/tunnel",
+                    "JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64", "HOME=/opt/tfos/work", "LANG=C.UTF-8"]})
+    finally:
+        _umounts(rootfs)
+        shutil.rmtree(work, ignore_errors=True)
+    return name, out
+
+
+def _spark_home_in_image() -> str:
+    return f"{VENV}/lib/python3.11/site-packages/pyspark"
+
+
+def _install(repo_root: Path, rootfs: Path, work: Path) -> None:
+    """The virtualenv (host versions, from the host's pip cache where it has them), tfos, its
+    native parts, the entry point and the user."""
+    wheels = work / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(repo_root)],
+         "building the tfos wheel")
+    versions = _versions()
+    pins = [f"{n}=={versions[n]}" for n in ("tensorflow-cpu", "tensorboard", "pyspark", "pandas", "numpy", "pyarrow",
+                                            "protobuf", "cryptography", "google-crc32c", "tqdm", "keras", "scikit-learn", "tf-keras",
+                                            "scipy") if n in versions]
+    (work / "constraints.txt").write_text("\n".join(pins) + "\n")
+    shutil.copytree(wheels, rootfs / "tmp" / "wheels")
+    shutil.copy(work / "constraints.txt", rootfs / "tmp" / "constraints.txt")
+    # this host's CA bundle for pip's index (a registry behind a proxy with its own CA): build time only
+    ca = Path(os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+    shutil.copy(ca, rootfs / "tmp" / "host-ca.crt")
+    pip_cache = Path.home() / ".cache" / "pip"
+    (rootfs / "tmp" / "pip-cache").mkdir()
+    _mounts(rootfs)
+    try:
+        if pip_cache.is_dir():
+            subprocess.run(["mount", "--bind", str(pip_cache), str(rootfs / "tmp" / "pip-cache")], check=True)
+        wheel = next((rootfs / "tmp" / "wheels").glob("tfos-*.whl")).name
+        _run(["chroot", str(rootfs), "/usr/bin/python3", "-m", "venv", VENV], "the image's virtualenv",
+             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        # the image's environment, not this host's (whose CA variables name files the image lacks)
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8", "PIP_CERT": "/tmp/host-ca.crt",
+               "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "180"}
+        _run(["chroot", str(rootfs), f"{VENV}/bin/pip", "install", "-q", "--no-compile", "--cache-dir", "/tmp/pip-cache",
+              "-c", "/tmp/constraints.txt", f"/tmp/wheels/{wheel}[tf,spark,examples]"], "pip install in the image", env=env)
+    finally:
+        subprocess.run(["umount", "-l", str(rootfs / "tmp" / "pip-cache")], capture_output=True)
+        _umounts(rootfs)
+    shutil.rmtree(rootfs / "tmp" / "wheels")
+    shutil.rmtree(rootfs / "tmp" / "pip-cache", ignore_errors=True)
+    for f in ("constraints.txt", "host-ca.crt"):
+        (rootfs / "tmp" / f).unlink()
+    # native parts built on this host (same Debian 12 glibc as the image), for the image's user
+    from tfos.tunnel import build as tunnel_build
+
+    native = rootfs / NATIVE.lstrip("/") / "tunnel"
+    native.mkdir(parents=True)
+    for path in tunnel_build.build():
+        shutil.copy2(path, native / Path(path).name)
+        os.chmod(native / Path(path).name, 0o755)
+    shutil.copytree(repo_root / "examples" / "digits", rootfs / EXAMPLES.lstrip("/") / "digits",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    entry = rootfs / ENTRYPOINT.lstrip("/")
+    entry.write_text(ENTRYPOINT_SH.replace("__SPARK_HOME__", _spark_home_in_image()).replace("__VENV__", VENV))
+    os.chmod(entry, 0o755)
+    with open(rootfs / "etc" / "passwd", "a") as f:
+        f.write(f"spark:x:{SPARK_UID}:{SPARK_UID}:spark:/opt/tfos/work:/bin/bash\n")
+    with open(rootfs / "etc" / "group", "a") as f:
+        f.write(f"spark:x:{SPARK_UID}:\n")
+    work_dir = rootfs / "opt" / "tfos" / "work"
+    work_dir.mkdir(parents=True)
+    os.chown(work_dir, SPARK_UID, SPARK_UID)
+    os.chmod(work_dir, 0o700)
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        shutil.rmtree(rootfs / junk, ignore_errors=True)
+
+
+def import_images(cluster, repo_root: Path | None = None) -> str:
+    """Import the pause and tfos images into the cluster's containerd; the tfos image's name."""
+    repo_root = repo_root or Path(__file__).resolve().parents[3]
+    name, tfos_tar = build_tfos_image(repo_root)
+    for tar in (pause_image(), tfos_tar):
+        _run(["ctr", "--address", str(cluster.containerd_sock), "-n", "k8s.io", "images", "import",
+              "--no-unpack", str(tar)], f"importing {tar.name}", timeout=900)
+    (cluster.dir / "image").write_text(name)
+    return name

@@ -23,7 +23,8 @@ SPARK_FIXTURES = {"spark", "sc", "tfos_cluster", "connect_spark", "connect_clust
 SEPARATE = {"--multihost": os.path.join(ROOT, "tests", "multihost"), "--connect": os.path.join(ROOT, "tests", "connect"),
             "--hadoop": os.path.join(ROOT, "tests", "hadoop"),
             "--reduction": os.path.join(ROOT, "tests", "reduction"),
-            "--upstream-std": os.path.join(ROOT, "tests", "upstream_std")}
+            "--upstream-std": os.path.join(ROOT, "tests", "upstream_std"),
+            "--kubernetes": os.path.join(ROOT, "tests", "kubernetes")}
 
 
 def pytest_addoption(parser):
@@ -39,6 +40,10 @@ def pytest_addoption(parser):
                      help="run only the reduction-server tests on the embedded Spark (tests/reduction: a "
                           "local-cluster[2,2,1024] of 4 task slots, for 2 workers and 2 reducers); their own pytest "
                           "session, since the shared local-cluster has 2 slots.")
+    parser.addoption("--kubernetes", action="store_true",
+                     help="run only the Kubernetes tests (tests/kubernetes: a real Kubernetes started by "
+                          "python -m tfos.testing.kubernetes, root only; spark-submit --master k8s://...); their "
+                          "own pytest session.")
     parser.addoption("--upstream-std", action="store_true",
                      help="run only spark-tensorflow-distributor's own integration tests on tfos.compat "
                           "(tests/upstream_std: a local-cluster per Spark configuration they ask for); their own "

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from tfos.errors import ConfigError, TFOSError
-from tfos.host.builds import build_once, install, run_step
+from tfos.host.builds import build_once, first_use_build_refused, install, run_step
 from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ BINARY = "tfos-tunnel"
 SHIM = "libtfos_tunnel_shim.so"
 BUILD_TIMEOUT = 1200.0
 ENV_DIR = "TFOS_TUNNEL_DIR"
+ENV_BUILD = "TFOS_TUNNEL_BUILD"  # "0": never build on first use (nor in a YARN container or a pod)
 HOW = ("build it on every host with 'python -m tfos.tunnel build' (needs cargo and a C compiler) as the user the "
        f"executors run as, or point {ENV_DIR} at a directory holding a build ('python -m tfos.tunnel path' says where "
        "it is), or reserve the cluster with encrypt=False to run without tfos's protection of TensorFlow's and Gloo's "
@@ -116,15 +117,23 @@ def require() -> tuple[str, str]:
     binary, shim = built_paths()
     if os.environ.get(ENV_DIR) and not (os.path.isfile(binary) and os.path.isfile(shim)):
         raise TunnelUnavailable(f"{ENV_DIR}={os.environ[ENV_DIR]} holds no tunnel build ({BINARY}, {SHIM}): {HOW}")
+    how = f"prebuilt in {os.path.dirname(binary)} ({ENV_DIR}); nothing is compiled here" if os.environ.get(ENV_DIR) \
+        else f"from this user's cache ({os.path.dirname(binary)})"
     if not (os.path.isfile(binary) and os.path.isfile(shim)):
+        refused = first_use_build_refused(os.environ, ENV_BUILD)
+        if refused:
+            raise TunnelUnavailable(f"tfos's node tunnel is not built here ({binary}) and is not compiled on first use, "
+                                    f"since {refused}: ship it in the image or container and set {ENV_DIR}; {HOW}")
         if not (_cargo() and _cc()):
             raise TunnelUnavailable(f"tfos's node tunnel is not built on this host ({binary}): {HOW}")
         try:
             build()
         except TunnelBuildError as e:
             raise TunnelUnavailable(f"tfos's node tunnel could not be built on this host: {e}; {HOW}") from e
+        how = f"built on first use into {os.path.dirname(binary)}"
     for path in (binary, shim):
         check_trusted_file(path)
+    logger.info("tfos's node tunnel and shim: %s", how)
     return binary, shim
 
 

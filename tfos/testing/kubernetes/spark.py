@@ -138,9 +138,11 @@ def submit_conf(cluster, mode: str, image: str, executors: int = 2, extra: dict 
 
 
 def spark_submit(cluster, mode: str, app: str, args=(), *, executors: int = 2, extra: dict | None = None,
-                 timeout: float = 900, log: Path | None = None) -> subprocess.CompletedProcess:
+                 timeout: float = 900, log: Path | None = None, env: dict | None = None,
+                 background: bool = False):
     """Run ``spark-submit`` of ``app`` (a path here in client mode; ``local:///...`` in the image in
-    cluster mode) with ``args``; its output in ``log`` (default: the cluster's logs directory)."""
+    cluster mode) with ``args``; its output in ``log`` (default: the cluster's logs directory).
+    ``background``: the running Popen instead of its result."""
     import pyspark
 
     image = (cluster.dir / "image").read_text().strip()
@@ -150,10 +152,13 @@ def spark_submit(cluster, mode: str, app: str, args=(), *, executors: int = 2, e
     for k, v in conf.items():
         argv += ["--conf", f"{k}={v}"]
     argv += [app, *map(str, args)]
-    env = {**os.environ, "PYSPARK_PYTHON": f"{VENV}/bin/python", "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = {**os.environ, "PYSPARK_PYTHON": f"{VENV}/bin/python", "PYSPARK_DRIVER_PYTHON": sys.executable, **(env or {})}
     if mode == "client":
-        env["TFOS_SERVER_HOST"] = NODE_IP
+        env.setdefault("TFOS_SERVER_HOST", NODE_IP)
     log = log or cluster.logs / f"spark-submit-{mode}.log"
+    if background:  # the caller owns the process (and its log)
+        with open(log, "wb") as out:
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     with open(log, "wb") as out:
         try:
             done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout)

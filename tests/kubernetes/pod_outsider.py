@@ -1,0 +1,103 @@
+"""Runs in the outsider pod (the test image, another uid, no secret): everything it can try on a
+running tfos job's executor pods and driver. Prints one JSON object.
+
+    python pod_outsider.py TARGETS_JSON
+TARGETS_JSON: {"pods": [{"ip", "tf_port", "tunnel_port", "private"}], "control": ["host", port]}
+"""
+
+import json
+import socket
+import subprocess
+import sys
+
+EAGER = r"""
+import json, sys
+address, job = sys.argv[1], sys.argv[2]
+import tensorflow as tf
+print("CONNECTING", flush=True)
+try:
+    tf.config.experimental_connect_to_host(address, job_name=job)
+    with tf.device(f"/job:{job}/replica:0/task:0/device:CPU:0"):
+        out = tf.io.read_file("/proc/self/cmdline").numpy()
+    print(json.dumps({"ran": True, "answer": out.decode(errors="replace")[:200]}), flush=True)
+except Exception as e:
+    print(json.dumps({"ran": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}), flush=True)
+"""
+
+
+def eager(address, window=25.0):
+    """TF's remote eager client at ``address``: ran (an answer), or not within ``window`` s."""
+    try:
+        out = subprocess.run([sys.executable, "-c", EAGER, address, "worker"], capture_output=True, text=True,
+                             timeout=window + 30)
+    except subprocess.TimeoutExpired:
+        return {"ran": False, "error": "no answer (TF's client retries forever)"}
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"ran": False, "error": (out.stderr or "no output")[-300:]}
+
+
+def connect(host, port, timeout=3.0):
+    """'open', 'refused' or 'timeout'."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "timeout"
+
+
+def junk(host, port, data=b"\x16\x03\x01\x00\xffGET / HTTP/1.1\r\n\r\n" * 4, timeout=15.0):
+    """Send bytes that are no handshake: what comes back before the peer closes (b'' = closed at once)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(data)
+            got = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return {"closed": True, "reply": got[:200].hex()}
+                got += chunk
+    except socket.timeout:
+        return {"closed": False, "reply": ""}
+    except OSError as e:
+        return {"closed": True, "reply": "", "error": str(e)}
+
+
+def scan(host, timeout=0.3):
+    """Every TCP port of ``host`` that accepts a connection."""
+    found = []
+    for port in range(1, 65536):
+        s = socket.socket()
+        s.settimeout(timeout)
+        try:
+            if s.connect_ex((host, port)) == 0:
+                found.append(port)
+        finally:
+            s.close()
+    return found
+
+
+def main():
+    from concurrent.futures import ThreadPoolExecutor
+
+    targets = json.loads(sys.argv[1])
+    host, port = targets["control"]
+    with ThreadPoolExecutor(4) as pool:  # TF's client never gives up: each probe has its own window
+        pods = [{"ip": p["ip"],
+                 "eager_tf_port": pool.submit(eager, f"{p['ip']}:{p['tf_port']}", 40.0),
+                 "eager_tunnel": pool.submit(eager, f"{p['ip']}:{p['tunnel_port']}", 40.0),
+                 "eager_private": pool.submit(eager, p["private"], 40.0),  # the node's private address, from here
+                 "tunnel_junk": pool.submit(junk, p["ip"], p["tunnel_port"]),
+                 "tf_port": pool.submit(connect, p["ip"], p["tf_port"]),
+                 "open_ports": pool.submit(scan, p["ip"])} for p in targets["pods"]]
+        control = {"junk": pool.submit(junk, host, port), "eager": pool.submit(eager, f"{host}:{port}", 40.0)}
+        out = {"pods": [{k: (v.result() if hasattr(v, "result") else v) for k, v in p.items()} for p in pods],
+               "control": {k: v.result() for k, v in control.items()}}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

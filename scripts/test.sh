@@ -6,7 +6,8 @@
 # suite (its own pytest session: a standalone cluster of three hosts in network namespaces; needs
 # root, skipped otherwise); then the Horovod tests in their
 # own TF 2.15 environment (scripts/horovod_env.sh); then the Hadoop suite (its own pytest session:
-# real HDFS and YARN daemons from Hadoop's Maven Central jars, python -m tfos.testing.hadoop).
+# real HDFS and YARN daemons from Hadoop's Maven Central jars, python -m tfos.testing.hadoop); then,
+# as root, the Kubernetes suite (a real Kubernetes started by python -m tfos.testing.kubernetes).
 # Extra arguments go to the main pytest run and skip the other parts (e.g. -m "not slow").
 set -euo pipefail
 TFOS_EXTRAS="tf,spark,connect,test,gloo"
@@ -53,6 +54,13 @@ if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HADOOP:-0}" != "1" ]; then
   python -m tfos.data.tfhdfs build
   echo "== hdfs:// plugin for TensorFlow ready: $((SECONDS - start)) s"
   run_pytest "Hadoop" python -m pytest --hadoop --durations=10
+fi
+if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_K8S:-0}" != "1" ] && [ "$(id -u)" = 0 ]; then
+  echo "== Kubernetes tests (a real Kubernetes v1.34 built here: spark-submit --master k8s://, pods under restricted)"
+  start=$SECONDS  # Debian's containerd/runc/CNI, Go builds of Kubernetes and etcd, the images (all cached)
+  python -m tfos.testing.kubernetes build
+  echo "== Kubernetes binaries and images ready: $((SECONDS - start)) s"
+  run_pytest "Kubernetes" python -m pytest --kubernetes --durations=10
 fi
 if [ "$#" -eq 0 ] && [ "${TFOS_SKIP_HOROVOD:-0}" != "1" ]; then
   echo "== Horovod tests (TF 2.15 + Horovod 0.28.1 environment)"

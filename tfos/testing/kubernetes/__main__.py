@@ -1,4 +1,7 @@
-"""``python -m tfos.testing.kubernetes up|down|build|kubectl``: see :mod:`tfos.testing.kubernetes`."""
+"""``python -m tfos.testing.kubernetes up|down|build|kubectl|submit``: see :mod:`tfos.testing.kubernetes`.
+
+``submit [--mode client|cluster] APP ARGS...`` runs spark-submit against the cluster (its settings:
+:mod:`tfos.testing.kubernetes.spark`), APP a path here (client mode) or ``local:///`` in the image."""
 
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ DEFAULT_DIR = "/tmp/tfos-k8s"
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tfos.testing.kubernetes",
                                  description="a real Kubernetes on this machine, for tfos's tests (root)")
-    ap.add_argument("action", choices=("up", "down", "build", "kubectl"))
-    ap.add_argument("args", nargs=argparse.REMAINDER, help="kubectl: its arguments")
+    ap.add_argument("action", choices=("up", "down", "build", "kubectl", "submit"))
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="kubectl: its arguments; submit: the app and its arguments")
     ap.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR), help=f"the cluster's state (default {DEFAULT_DIR})")
     ap.add_argument("--timeout", type=float, default=180, help="seconds to wait for each component")
     ns = ap.parse_args(argv)
@@ -27,16 +30,43 @@ def main(argv=None) -> int:
 
     try:
         if ns.action == "build":  # the binaries and the images, timed (CI prints it)
+            from tfos.testing.kubernetes.cluster import ensure_packages
+
             start = time.monotonic()
+            ensure_packages()
             binaries.build()
             images.pause_image()
             name, _ = images.build_tfos_image(Path(__file__).resolve().parents[3])
             sys.stdout.write(f"built Kubernetes {binaries.VERSION} and {name} in {time.monotonic() - start:.0f} s\n")
             return 0
+        if ns.action == "up":
+            from tfos.testing.kubernetes.cluster import ensure_packages
+
+            ensure_packages()
         cluster = KubernetesCluster(ns.dir, binaries.bin_dir() if ns.action != "up" else binaries.build(),
                                     timeout=ns.timeout)
         if ns.action == "down":
             cluster.destroy()
+        elif ns.action == "submit":
+            from tfos.testing.kubernetes import spark
+
+            sub = argparse.ArgumentParser(prog="python -m tfos.testing.kubernetes submit")
+            sub.add_argument("--mode", choices=("client", "cluster"), default="cluster", help="Spark's deploy mode")
+            sub.add_argument("--job-dir", help="a directory of the shared volume made for the job (owned by the "
+                             "pods' user), printed first")
+            sub.add_argument("args", nargs=argparse.REMAINDER, help="the app and its arguments")
+            ns = sub.parse_args(ns.args, namespace=ns)
+
+            if ns.job_dir:
+                spark.shared_volume(cluster)
+                sys.stdout.write(f"{spark.job_dir(cluster, ns.job_dir)}\n")
+                sys.stdout.flush()
+            if not ns.args:
+                return 0
+            done = spark.spark_submit(cluster, ns.mode, ns.args[0], ns.args[1:], timeout=1800)
+            sys.stdout.write("".join(line + "\n" for line in done.stdout.splitlines() if " INFO " not in line
+                                     and "WARN " not in line)[-20000:])
+            return done.returncode
         elif ns.action == "kubectl":
             done = cluster.kubectl(*ns.args, check=False, timeout=600)
             sys.stdout.write(done.stdout)

@@ -43,6 +43,29 @@ class KubernetesError(TFOSError):
     """The test Kubernetes could not be started, reached or stopped."""
 
 
+#: what each Debian package gives the cluster (checked before any is installed)
+_PROVIDES = {"containerd": "/usr/bin/containerd", "runc": "/usr/sbin/runc",
+             "containernetworking-plugins": f"{CNI_BIN}/bridge", "mmdebstrap": "/usr/bin/mmdebstrap",
+             "iproute2": "/usr/sbin/ip"}
+
+
+def ensure_packages() -> list[str]:
+    """Install the Debian packages the cluster runs on (containerd, runc, the CNI plugins, mmdebstrap)
+    where they are missing, as root with apt-get; the ones installed."""
+    missing = [p for p in DEBIAN_PACKAGES if not Path(_PROVIDES[p]).exists()]
+    if not missing:
+        return []
+    if os.geteuid() != 0:
+        raise KubernetesError(f"the test Kubernetes needs Debian's {', '.join(missing)}: apt-get install them as root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode != 0:
+            raise KubernetesError(f"{' '.join(argv[:2])} failed ({done.returncode}): {done.stderr[-2000:]}")
+    log.info("installed Debian's %s", ", ".join(missing))
+    return missing
+
+
 def _has_sys_resource() -> bool:
     """Whether this process holds CAP_SYS_RESOURCE (a container's root may not)."""
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -157,3 +157,43 @@ def run_outsider(k8s, targets) -> dict:
     line = next((x for x in log.splitlines() if x.startswith("RESULT ")), None)
     assert line, log[-3000:]
     return json.loads(line[len("RESULT "):])
+
+
+def test_an_executor_pod_deleted_mid_training_loses_no_step_and_the_cluster_grows_back(k8s):
+    """``kubectl delete pod`` on an executor mid-training: the kubelet runs the pod's preStop hook
+    (python -m tfos.cluster.agent.evict) before it stops the JVM; every rank saves at one step, the
+    cluster goes on with the other node from that step (0 steps lost, no restart counted), and grows
+    back to 2 nodes at a checkpoint once Spark has replaced the executor pod; both finish."""
+    out = k8s_spark.job_dir(k8s, "evict")
+    for f in out.glob("*"):
+        if f.is_file():
+            f.unlink()
+    steps = 700
+    proc = k8s_spark.spark_submit(k8s, "client", str(HERE / "evict_job.py"), [out, steps], background=True,
+                                  log=k8s.logs / "spark-submit-evict.log")
+    try:
+        def progressed():
+            lasts = [out / f"last-a0-r{r}" for r in (0, 1)]
+            return all(p.exists() and int(p.read_text() or 0) >= 60 for p in lasts)
+
+        wait_for("60 steps on both ranks", progressed, timeout=400)
+        worker_ip = json.loads((out / "nodes.json").read_text())["hosts"]["1"]  # node 1: the worker
+        victim = next(p for p in pods(k8s) if p["status"].get("podIP") == worker_ip)
+        k8s.kubectl("-n", NAMESPACE, "delete", "pod", victim["metadata"]["name"], "--wait=false")
+        proc.wait(900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (k8s.logs / "spark-submit-evict.log").read_text(errors="replace")
+    assert proc.returncode == 0 and (out / "driver.json").exists(), log[-4000:]
+    driver = json.loads((out / "driver.json").read_text())
+    (ev,) = driver["evictions"]
+    assert ev["attempt"] == 0 and "termination signal" in ev["why"], driver
+    saved = [json.loads((out / f"saved-a0-r{r}.json").read_text()) for r in (0, 1)]
+    assert saved[0][-1] == saved[1][-1] == ev["step"], (saved, ev)  # every rank saved at that step
+    last = [int((out / f"last-a0-r{r}").read_text()) for r in (0, 1)]
+    assert last == [ev["step"]] * 2, (last, ev)  # no rank stepped past it: nothing to lose
+    assert driver["restarts"] == 0, driver
+    assert [1, 2] in [r[:2] for r in driver["resizes"]] and len(driver["roles"]) == 2, driver  # grown back
+    ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["steps"] == steps for r in ranks) and ranks[0]["weights"] == ranks[1]["weights"], ranks

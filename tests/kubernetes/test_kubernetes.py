@@ -197,3 +197,15 @@ def test_an_executor_pod_deleted_mid_training_loses_no_step_and_the_cluster_grow
     assert [1, 2] in [r[:2] for r in driver["resizes"]] and len(driver["roles"]) == 2, driver  # grown back
     ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["steps"] == steps for r in ranks) and ranks[0]["weights"] == ranks[1]["weights"], ranks
+
+
+def test_an_oom_killed_node_names_the_pods_memory_limit_and_the_setting(k8s):
+    """A TF process that outgrows its executor pod is ended by the kernel's OOM killer (the pod's
+    cgroup counts it); the driver's error says so with the pod's limit and the setting to raise."""
+    out = k8s_spark.job_dir(k8s, "oom")
+    done = k8s_spark.spark_submit(k8s, "client", str(HERE / "oom_job.py"), [out], timeout=600,
+                                  log=k8s.logs / "spark-submit-oom.log")
+    message = (out / "error.txt").read_text() if (out / "error.txt").exists() else done.stdout[-3000:]
+    assert message.startswith("NodeFailedError"), message
+    assert "by the kernel's OOM killer" in message and "memory limit of 2048 MiB" in message, message
+    assert "spark.executor.memoryOverhead" in message, message

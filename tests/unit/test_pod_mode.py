@@ -65,3 +65,21 @@ def test_the_build_module_replaces_every_staging_module():
     assert "require k8s.io/kubernetes v1.34.2" in text
     assert all(f"k8s.io/{m} => k8s.io/{m} v0.34.2" in text for m in STAGING)
     assert "-X k8s.io/component-base/version.gitVersion=v1.34.2" in ldflags("v1.34.2")
+
+
+def test_cgroup_memory_files():
+    from tfos.host.cgroup import parse_limit, parse_oom_kills
+
+    assert parse_limit("2147483648\n") == 2 << 30 and parse_limit("max\n") is None
+    assert parse_limit("9223372036854771712\n") is None  # cgroup v1's "no limit"
+    assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # v1 memory.oom_control
+    assert parse_oom_kills("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n") == 1  # v2 memory.events
+    assert parse_oom_kills("") == 0
+
+
+def test_an_oom_kill_in_a_container_names_its_limit_and_the_setting():
+    from tfos.cluster.driver.lifecycle import exit_reason
+
+    said = exit_reason(-9, False, "", 1900, memory_limit_mb=2048, oom_killed=True)
+    assert "OOM killer" in said and "memory limit of 2048 MiB" in said and "spark.executor.memoryOverhead" in said
+    assert "likely" in exit_reason(-9, False, "", 1900)  # no count from a cgroup: a guess, said as one

@@ -194,6 +194,8 @@ class NodeExited:  # agent -> driver
     retryable: bool = True  # False: main_fun raised NonRetryable/ConfigError (a restart would not help)
     peak_rss_mb: int = 0  # the TF process's peak resident memory as the agent last saw it (0: unknown)
     cause: Cause = Cause.EXITED  # why it ended; ``reason`` says it in words (EXITED: on its own)
+    memory_limit_mb: int = 0  # the memory limit of the agent's container (cgroup; 0: none or unknown)
+    oom_killed: bool = False  # the kernel's OOM killer ended a process of that container meanwhile
 
 
 @message

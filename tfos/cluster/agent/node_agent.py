@@ -26,7 +26,7 @@ import time
 from tfos.cluster.agent import reaper
 from tfos.host.gpus import gpu_environment, pick_gpus
 from tfos.errors import NONRETRYABLE_FILE, Cause, TFOSError
-from tfos.host import private, processes
+from tfos.host import cgroup, private, processes
 from tfos.topology import CPU_ONLY_JOBS
 from tfos.tunnel.agent import NodeTunnel
 from tfos.wire import messages as M
@@ -110,6 +110,7 @@ def kept_logs_dir(cluster_id: str) -> str:
 class NodeAgent:
     def __init__(self, cfg: M.NodeConfig):
         self.cfg = cfg
+        self.oom_kills_before = 0  # the container's OOM kills before the TF process started (cgroup)
         self.driver = DriverClient.for_node(cfg)
         self.beats = DriverClient.for_node(cfg)  # heartbeats only, on one connection held until the agent ends
         self.beats.keep_connection()
@@ -138,6 +139,7 @@ class NodeAgent:
                                      tunnel=self.tunnel.info if self.tunnel is not None else None)
         command = reaper.reaper_command(cfg.python, cfg.cluster.stop_grace_secs, (watch_r,),
                                         tf_process_command(cfg.python))
+        self.oom_kills_before = cgroup.memory_state()[1]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                          pass_fds=(watch_r,), cwd=cfg.working_dir, env=env, start_new_session=True,
@@ -181,7 +183,9 @@ class NodeAgent:
         code = -9 if code is None else code
         peak_rss_mb = processes.children_peak_rss_mb()  # the TF process's: the reaper waited for it
         logger.info("TF process of node %d exited with code %s (%s)", cfg.node_index, code, why or "finished")
-        self.report_exit(code, cause, why, peak_rss_mb)
+        limit, oom_kills = cgroup.memory_state()  # a container's OOM kill of the TF process: its limit, named
+        self.report_exit(code, cause, why, peak_rss_mb, memory_limit_mb=(limit or 0) >> 20,
+                         oom_killed=oom_kills > self.oom_kills_before)
         self.beats.close()  # after the exit report: the driver never reads this end as the agent's loss
         if code == 0 or cause is Cause.STOPPED:  # a failed node keeps its directory (logs) for debugging
             logging.shutdown()
@@ -284,7 +288,8 @@ class NodeAgent:
         except (TFOSError, OSError) as e:
             logger.warning("could not send the TF process's stacks: %s", e)
 
-    def report_exit(self, code: int, cause: Cause, reason: str = "", peak_rss_mb: int = 0) -> None:
+    def report_exit(self, code: int, cause: Cause, reason: str = "", peak_rss_mb: int = 0, *,
+                    memory_limit_mb: int = 0, oom_killed: bool = False) -> None:
         """Tell the driver how the TF process ended: retried for REPORT_EXIT_SECS, or tried once
         briefly when the driver was already lost (the agent must not linger for a dead driver)."""
         try:
@@ -301,7 +306,7 @@ class NodeAgent:
             try:
                 self.driver.node_exited(code, tb, processes.tail(self.log_path, 40), self.log_path,
                                         cause is Cause.STOPPED, reason, retryable=retryable, peak_rss_mb=peak_rss_mb,
-                                        cause=cause,
+                                        cause=cause, memory_limit_mb=memory_limit_mb, oom_killed=oom_killed,
                                         timeout=max(0.5, min(10.0, deadline - time.monotonic())))
                 return
             except (TFOSError, OSError) as e:

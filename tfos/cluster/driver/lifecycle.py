@@ -259,16 +259,26 @@ def first_cause_first(failures) -> list:
     return sorted(failures, key=lambda f: bool(SECONDARY_FAILURE.search(f.traceback or f.reason or "")))
 
 
-def exit_reason(exit_code: int, raised: bool, agent_reason: str = "", peak_rss_mb: int = 0) -> str:
+def exit_reason(exit_code: int, raised: bool, agent_reason: str = "", peak_rss_mb: int = 0,
+                memory_limit_mb: int = 0, oom_killed: bool = False) -> str:
     """Pure: why a node's TF process ended, as the driver says it. A SIGKILL the node agent did not
-    send is most often the kernel's OOM killer: say so, with the peak memory the agent saw."""
+    send is most often the kernel's OOM killer: say so, with the peak memory the agent saw; when the
+    agent's container (a Kubernetes pod, a cgroup) counted an OOM kill, name its limit and the
+    setting that sizes it."""
     if raised:
         reason = "the TF process raised an exception"
     else:
         reason = f"TF process exited with code {exit_code}"
         if exit_code < 0:
             reason += f" (killed by signal {-exit_code})"
-        if exit_code == -signal.SIGKILL and not agent_reason:
+        if exit_code == -signal.SIGKILL and not agent_reason and oom_killed:
+            limit = f"its memory limit of {memory_limit_mb} MiB" if memory_limit_mb else "its memory limit"
+            reason += (", by the kernel's OOM killer: the executor's container (a Kubernetes pod: "
+                       f"spark.executor.memory + spark.executor.memoryOverhead) reached {limit}"
+                       + (f" (the TF process's peak RSS {peak_rss_mb} MB)" if peak_rss_mb else "")
+                       + ". The node's TF process counts against it: raise spark.executor.memoryOverhead, "
+                       "or make main_fun use less")
+        elif exit_code == -signal.SIGKILL and not agent_reason:
             reason += (", likely by the kernel's OOM killer" + (f" (peak RSS {peak_rss_mb} MB)" if peak_rss_mb else "")
                        + ": give the node more memory (spark.executor.memoryOverhead, or fewer nodes per host) "
                        "or make main_fun use less; the host's kernel log (dmesg) names the OOM kill")

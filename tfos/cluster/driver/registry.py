@@ -233,7 +233,8 @@ class NodeRegistry:
     def exit_failure(self, i: int) -> NodeFailure:
         """The failure that node ``i``'s exit report describes. Caller holds the condition."""
         n, msg = self.nodes[i], self.nodes[i].exited
-        reason = exit_reason(msg.exit_code, bool(msg.traceback), msg.reason, msg.peak_rss_mb)
+        reason = exit_reason(msg.exit_code, bool(msg.traceback), msg.reason, msg.peak_rss_mb, msg.memory_limit_mb,
+                             msg.oom_killed)
         return NodeFailure(i, n.job_name, n.task_index, self.host_of(i), reason, msg.exit_code, msg.traceback,
                            msg.log_tail, msg.log_path, retryable=msg.retryable,
                            cause=failure_cause(msg.exit_code, bool(msg.traceback), msg.cause))

@@ -217,10 +217,14 @@ class TFCluster:
         if restarts.elastic and spark.slots_offered() is None:
             raise ConfigError("min_executors needs a Spark that says how many task slots it offers (a classic "
                               "SparkContext/SparkSession); a Spark Connect client cannot ask: leave min_executors out")
-        if (spark.conf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true" and not restarts.elastic:
-            logger.warning("spark.dynamicAllocation.enabled=true: Spark may remove executors that host TF "
-                           "nodes; disable dynamic allocation for tfos jobs, or give a size range (min_executors) "
-                           "and max_restarts so that the cluster restarts on the executors there are")
+        if (spark.conf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true":
+            # measured on Spark 4.3 (Kubernetes, shuffle tracking): the reservation's barrier stage fails
+            # late with BarrierJobRunWithDynamicAllocationException; say it before any job starts
+            raise ConfigError("spark.dynamicAllocation.enabled=true: Spark runs no barrier stage under dynamic "
+                              "allocation (SPARK-24942), and tfos reserves its nodes with one. Set "
+                              "spark.dynamicAllocation.enabled=false for the tfos job and a fixed "
+                              "spark.executor.instances; min_executors (with grow_interval) lets the cluster "
+                              "shrink and grow with the executors Spark has instead")
         from tfos.backends import make_backend
 
         backend_obj = make_backend(backend, transport, **(backend_options or {}))

@@ -349,3 +349,15 @@ def test_after_a_save_for_an_executor_that_ended_the_restart_does_not_wait_for_i
     assert wait_for(lambda: cluster.attempt == 1, 10), "the restart waited for the slot to go"
     cluster.shutdown(timeout=60)
     assert [e.nodes for e in cluster.evictions] == [(2,)] and len(cluster.roles) == 3 and cluster.restarts == []
+
+
+def test_dynamic_allocation_is_refused_before_any_job_starts():
+    """Spark runs no barrier stage under dynamic allocation (measured on Kubernetes: the reservation
+    failed late with BarrierJobRunWithDynamicAllocationException): reserve() says so first."""
+    from tfos.errors import ConfigError
+
+    spark = FakeSpark(slots=2)
+    spark.conf = lambda: {"spark.dynamicAllocation.enabled": "true"}
+    with pytest.raises(ConfigError, match="spark.dynamicAllocation.enabled=false"):
+        TFCluster.reserve(spark, 2)
+    assert spark.started == []

@@ -19,9 +19,10 @@ import signal
 import sys
 import time
 
-from tfos.cluster.executor.bootstrap import AGENT_MODULE
-
 logger = logging.getLogger(__name__)
+
+#: the node agent's module (``python -m tfos.cluster.agent``): this package
+AGENT_MODULE = __name__.rsplit(".", 1)[0]
 
 
 def agent_pids(proc: str = "/proc", uid: int | None = None) -> list[int]:

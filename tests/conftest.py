@@ -27,30 +27,28 @@ SEPARATE = {"--multihost": os.path.join(ROOT, "tests", "multihost"), "--connect"
             "--kubernetes": os.path.join(ROOT, "tests", "kubernetes")}
 
 
+#: each separate suite's option and what it runs (each needs its own pytest session: one process holds one
+#: SparkContext, or the suite starts daemons of its own)
+SEPARATE_HELP = {
+    "--multihost": "the multi-host tests (tests/multihost: a Spark standalone cluster of several hosts in network "
+                   "namespaces; needs root)",
+    "--hadoop": "the Hadoop tests (tests/hadoop: real HDFS and YARN daemons started by python -m "
+                "tfos.testing.hadoop; needs Java 17 and Maven, and the first run fetches Hadoop's jars from Maven "
+                "Central into ~/.cache/tfos)",
+    "--reduction": "the reduction-server tests on the embedded Spark (tests/reduction: a local-cluster[2,2,1024] of "
+                   "4 task slots, for 2 workers and 2 reducers; the shared local-cluster has 2)",
+    "--kubernetes": "the Kubernetes tests (tests/kubernetes: a real Kubernetes started by python -m "
+                    "tfos.testing.kubernetes, root only; spark-submit --master k8s://...)",
+    "--upstream-std": "spark-tensorflow-distributor's own integration tests on tfos.compat (tests/upstream_std: a "
+                      "local-cluster per Spark configuration they ask for)",
+    "--connect": "the Spark Connect tests (tests/connect: a Connect session on an embedded local-cluster[2,1,1024] "
+                 "server)",
+}
+
+
 def pytest_addoption(parser):
-    parser.addoption("--multihost", action="store_true",
-                     help="run only the multi-host tests (tests/multihost: a Spark standalone cluster of several "
-                          "hosts in network namespaces; needs root). They need their own pytest session, since "
-                          "one process holds one SparkContext.")
-    parser.addoption("--hadoop", action="store_true",
-                     help="run only the Hadoop tests (tests/hadoop: real HDFS and YARN daemons started by "
-                          "python -m tfos.testing.hadoop; needs Java 17 and Maven, and the first run fetches "
-                          "Hadoop's jars from Maven Central into ~/.cache/tfos).")
-    parser.addoption("--reduction", action="store_true",
-                     help="run only the reduction-server tests on the embedded Spark (tests/reduction: a "
-                          "local-cluster[2,2,1024] of 4 task slots, for 2 workers and 2 reducers); their own pytest "
-                          "session, since the shared local-cluster has 2 slots.")
-    parser.addoption("--kubernetes", action="store_true",
-                     help="run only the Kubernetes tests (tests/kubernetes: a real Kubernetes started by "
-                          "python -m tfos.testing.kubernetes, root only; spark-submit --master k8s://...); their "
-                          "own pytest session.")
-    parser.addoption("--upstream-std", action="store_true",
-                     help="run only spark-tensorflow-distributor's own integration tests on tfos.compat "
-                          "(tests/upstream_std: a local-cluster per Spark configuration they ask for); their own "
-                          "pytest session.")
-    parser.addoption("--connect", action="store_true",
-                     help="run only the Spark Connect tests (tests/connect: a Connect session on an embedded "
-                          "local-cluster[2,1,1024] server); their own pytest session, for the same reason.")
+    for option, what in SEPARATE_HELP.items():
+        parser.addoption(option, action="store_true", help=f"run only {what}, in a pytest session of their own")
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -10,19 +10,10 @@ import socket
 import subprocess
 import sys
 
-EAGER = r"""
-import json, sys
-address, job = sys.argv[1], sys.argv[2]
-import tensorflow as tf
-print("CONNECTING", flush=True)
-try:
-    tf.config.experimental_connect_to_host(address, job_name=job)
-    with tf.device(f"/job:{job}/replica:0/task:0/device:CPU:0"):
-        out = tf.io.read_file("/proc/self/cmdline").numpy()
-    print(json.dumps({"ran": True, "answer": out.decode(errors="replace")[:200]}), flush=True)
-except Exception as e:
-    print(json.dumps({"ran": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}), flush=True)
-"""
+try:  # the test sends this file as `python -c` with tests/outsider.py's EAGER probe put before it
+    EAGER  # noqa: B018
+except NameError:
+    from outsider import EAGER
 
 
 def eager(address, window=25.0):

@@ -139,7 +139,9 @@ def test_an_outsider_pod_gets_nothing(k8s):
 
 def run_outsider(k8s, targets) -> dict:
     image = (k8s.dir / "image").read_text().strip()
-    script = (HERE / "pod_outsider.py").read_text()
+    from outsider import EAGER  # TF's remote eager probe, as the other suites' outsiders run it
+
+    script = f"EAGER = {EAGER!r}\n" + (HERE / "pod_outsider.py").read_text()
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "outsider", "namespace": NAMESPACE},
            "spec": {"restartPolicy": "Never",
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 4242, "runAsGroup": 4242,

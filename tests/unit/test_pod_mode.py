@@ -45,6 +45,15 @@ def test_a_pod_never_builds_the_tunnel(monkeypatch, tmp_path):
 
 def test_prestop_finds_only_this_users_agents(tmp_path):
     from tfos.cluster.agent.evict import agent_pids
+    from tfos.cluster.executor.bootstrap import AGENT_MODULE
+
+    # the module it runs as (python -m tfos.cluster.agent.evict) looks for the agents' module itself
+    found = subprocess.run([sys.executable, "-c", "import runpy; runpy.run_module('tfos.cluster.agent.evict', "
+                            "run_name='__main__', alter_sys=True)", "--help"], capture_output=True, text=True)
+    assert found.returncode == 0
+    import tfos.cluster.agent.evict as evict
+
+    assert evict.AGENT_MODULE == AGENT_MODULE
 
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "tfos.cluster.agent"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

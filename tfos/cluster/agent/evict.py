@@ -21,8 +21,9 @@ import time
 
 logger = logging.getLogger(__name__)
 
-#: the node agent's module (``python -m tfos.cluster.agent``): this package
-AGENT_MODULE = __name__.rsplit(".", 1)[0]
+#: the node agent's module (``python -m tfos.cluster.agent``): this package (not derived from
+#: ``__name__``, which is "__main__" when the hook runs this module)
+AGENT_MODULE = "tfos.cluster.agent"
 
 
 def agent_pids(proc: str = "/proc", uid: int | None = None) -> list[int]:

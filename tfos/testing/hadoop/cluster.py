@@ -21,6 +21,7 @@ from typing import Callable
 from xml.sax.saxutils import escape
 
 from tfos.testing.hadoop import kerberos
+from tfos.testing.daemons import alive as _alive, descendants as _descendants, stat_fields as _stat, tail as _tail
 from tfos.testing.hadoop.artifacts import (DATANODE, FS_SHELL, HADOOP_VERSION, HEAPS, JVM_FLAGS, MINIKDC, NAMENODE,
                                            NODEMANAGER, RESOURCEMANAGER, HadoopClusterError, _LOG4J, cache_dir,
                                            fetch)
@@ -52,38 +53,6 @@ def free_port(host: str = "127.0.0.1", taken: set | None = None) -> int:
             taken.add(port)
             return port
     raise HadoopClusterError(f"found no free port on {host}")
-
-
-def _tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
-def _stat(pid: int | str) -> list[str]:
-    """Fields of /proc/PID/stat after the command name: [state, ppid, ...]; [] if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _alive(pid: int) -> bool:
-    return _stat(pid)[:1] not in ([], ["Z"])
-
-
-def _descendants(roots: list[int]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and len(st := _stat(d.name)) > 1:
-            children.setdefault(int(st[1]), []).append(int(d.name))
-    out, todo = [], list(roots)
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
 
 
 def _marker(base_dir) -> str:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from tfos.errors import TFOSError
-from tfos.testing.hadoop.cluster import _alive, _descendants, _stat, _tail
+from tfos.testing.daemons import alive as _alive, descendants as _descendants, stat_fields as _stat, tail as _tail
 from tfos.testing.kubernetes.pki import PKI
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ from typing import Callable
 from xml.sax.saxutils import escape
 
 from tfos.testing.hadoop import kerberos
-from tfos.testing.daemons import alive as _alive, descendants as _descendants, stat_fields as _stat, tail as _tail
+from tfos.testing.daemons import alive as _alive, stop_tree
+from tfos.testing.daemons import tail as _tail
 from tfos.testing.hadoop.artifacts import (DATANODE, FS_SHELL, HADOOP_VERSION, HEAPS, JVM_FLAGS, MINIKDC, NAMENODE,
                                            NODEMANAGER, RESOURCEMANAGER, HadoopClusterError, _LOG4J, cache_dir,
                                            fetch)
@@ -344,32 +345,13 @@ class HadoopCluster:
         """SIGTERM every daemon's process group and its descendants (containers), SIGKILL after
         ``grace`` seconds; raise if anything survives.  Idempotent."""
         names = {p: n for n, p in self._pids().items() if self._owned(p)}
-        # pid -> start time, so a pid reused by another process meanwhile is left alone
-        procs = {p: st[19] for p in {*names, *_descendants(list(names))} if len(st := _stat(p)) > 19}
-
-        def alive() -> list[int]:
-            return [p for p, t in procs.items() if _alive(p) and _stat(p)[19:20] == [t]]
-
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
-            for pid in alive():
-                for kill in (os.killpg, os.kill):  # killpg fails for non-leaders: fine
-                    try:
-                        kill(pid, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and alive():
-                time.sleep(0.2)
-            if not alive():
-                break
-            if sig == signal.SIGTERM:
-                log.warning("still alive %.0fs after SIGTERM, sending SIGKILL: %s", grace,
-                            [names.get(p, p) for p in alive()])
-        if left := alive():
+        count, left = stop_tree(list(names), grace, on_kill=lambda pids: log.warning(
+            "still alive %.0fs after SIGTERM, sending SIGKILL: %s", grace, [names.get(p, p) for p in pids]))
+        if left:
             raise HadoopClusterError(f"processes still alive after SIGKILL: {left}")
         (self.dir / "pids").unlink(missing_ok=True)
-        if procs:
-            log.info("stopped the Hadoop cluster in %s (%d processes)", self.dir, len(procs))
+        if count:
+            log.info("stopped the Hadoop cluster in %s (%d processes)", self.dir, count)
 
     def _daemon(self, name: str) -> tuple[str, Path, str | None]:
         """``(main class, conf dir, host)`` of daemon ``name`` (``namenode``, ``datanode-1``, ...)."""

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from tfos.errors import TFOSError
-from tfos.testing.daemons import alive as _alive, descendants as _descendants, stat_fields as _stat, tail as _tail
+from tfos.testing.daemons import alive as _alive, stop_tree, tail as _tail
 from tfos.testing.kubernetes.pki import PKI
 
 log = logging.getLogger(__name__)
@@ -319,26 +319,13 @@ state = "{root / 'state'}"
                 continue
             if name == "containerd":
                 self._remove_containers()
-            pid = pids[name]
-            procs = {p: st[19] for p in {pid, *_descendants([pid])} if len(st := _stat(p)) > 19}
-            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
-                for p, started in procs.items():
-                    if _alive(p) and _stat(p)[19:20] == [started]:
-                        try:
-                            os.kill(p, sig)
-                        except ProcessLookupError:
-                            pass
-                deadline = time.monotonic() + wait
-                while time.monotonic() < deadline and any(_alive(p) for p in procs):
-                    time.sleep(0.2)
-                if not any(_alive(p) for p in procs):
-                    break
-        self._remove_containers(runc_only=True)
+            stop_tree([pids[name]], grace)
+        self._remove_containers()
         self._unmount()
         (self.dir / "pids").unlink(missing_ok=True)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
-    def _remove_containers(self, runc_only: bool = False) -> None:
+    def _remove_containers(self) -> None:
         """Kill every container of the cluster's containerd (its runc root) and their shims."""
         runc_root = self.dir / "containerd" / "runc"
         if runc_root.is_dir():

@@ -17,6 +17,7 @@ import itertools
 #: Spark's own timeout for a barrier() or allGather() (spark.barrier.sync.timeout: a year); ours
 #: is one day: every rank calls them the same number of times, and a lost rank fails the cluster.
 SYNC_TIMEOUT = 86400.0
+_UNSET = object()  # a class without a _taskContext of its own
 
 
 def task_infos(nodes) -> list[str]:
@@ -31,7 +32,10 @@ def _context_class():
     class NodeBarrierContext(BarrierTaskContext):
         """pyspark's BarrierTaskContext for one tfos node: the partition is the node's index."""
 
-        def __init__(self, ctx):  # noqa: D107 (pyspark's __new__ keeps a singleton: bypassed here)
+        def __new__(cls, ctx):  # pyspark's __new__ returns its per-process singleton: one per call here
+            return object.__new__(cls)
+
+        def __init__(self, ctx):
             self._ctx = ctx
             self._calls = itertools.count()
             self._partitionId = ctx.node_index
@@ -67,9 +71,7 @@ def installed(ctx):
     except ImportError:
         yield None
         return
-    cls = _context_class()
-    context = object.__new__(cls)
-    context.__init__(ctx)
+    context = _context_class()(ctx)
     # each class's get() reads cls._taskContext: BarrierTaskContext may hold one of its own
     saved = [(c, c.__dict__.get("_taskContext", _UNSET)) for c in (TaskContext, BarrierTaskContext)]
     for c, _ in saved:
@@ -82,6 +84,3 @@ def installed(ctx):
                 del c._taskContext
             else:
                 c._taskContext = value
-
-
-_UNSET = object()

@@ -27,6 +27,7 @@ from tfos.testing.kubernetes.pki import PKI
 log = logging.getLogger(__name__)
 
 BRIDGE = "tfosk8s0"
+BRIDGE_MAC = "02:74:66:6f:73:01"  # locally administered, fixed: see _network
 NODE_IP = "198.18.0.1"
 POD_SUBNET = "198.18.0.0/24"
 SERVICE_RANGE = "198.18.128.0/24"
@@ -149,6 +150,11 @@ class KubernetesCluster:
         """The node's bridge with its address (the CNI plugin adds the pods' veths to it)."""
         if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
             subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True)
+        # A bridge whose address was never set takes the lowest of its ports' addresses, so it
+        # changes as pods come and go; the pods keep the old one for the gateway (the driver in
+        # client mode) and lose it for tens of seconds once that pod's veth is gone (measured: an
+        # outsider pod's end cost a running job both nodes' heartbeats). A set address stays.
+        subprocess.run(["ip", "link", "set", BRIDGE, "address", BRIDGE_MAC], check=True)
         subprocess.run(["ip", "addr", "replace", f"{NODE_IP}/24", "dev", BRIDGE], check=True)
         subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True)
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")

@@ -21,4 +21,7 @@ def k8s(tmp_path_factory):
     shutil.rmtree(base, ignore_errors=True)
     cluster.start()
     yield cluster
-    cluster.destroy()
+    if os.environ.get("TFOS_K8S_KEEP"):  # keep the logs and the job directories to read after a failure
+        cluster.stop()
+    else:
+        cluster.destroy()

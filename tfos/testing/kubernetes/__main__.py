@@ -24,6 +24,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR), help=f"the cluster's state (default {DEFAULT_DIR})")
     ap.add_argument("--timeout", type=float, default=180, help="seconds to wait for each component")
     ns = ap.parse_args(argv)
+    if ns.action in ("up", "down", "build") and ns.args:  # options after the action: `up --dir D`
+        opts = argparse.ArgumentParser(prog=f"python -m tfos.testing.kubernetes {ns.action}")
+        opts.add_argument("--dir", type=Path, default=ns.dir)
+        opts.add_argument("--timeout", type=float, default=ns.timeout)
+        ns = opts.parse_args(ns.args, namespace=ns)
+        ns.args = []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from tfos.testing.kubernetes import binaries, images
     from tfos.testing.kubernetes.cluster import KubernetesCluster

@@ -89,10 +89,23 @@ class SavePoint:
 
     def after_save(self, step: int) -> None:
         """``ctx.checkpoint_saved(step)``: after a save for an eviction, wait for the driver's stop
-        here, before the program starts a step that the checkpoint would lack."""
+        here, before the program starts a step that the checkpoint would lack.
+
+        A save of the program's own at or past this rank's proposal serves an open round too
+        (``if step % 1000 == 0 or ctx.should_checkpoint(step)`` skips the call at such a step, and
+        the rank proposed the step it was finishing): it waits for the target and, when the save
+        reaches it, for the stop, instead of stepping past the checkpoint that the driver takes."""
+        step = int(step)
         with self._cond:
+            self.last = max(self.last, step)
+            if self._on_round is None and self.round and self.saved_round != self.round \
+                    and 0 <= self.proposal <= step:  # (with TF's handler, the handler's save serves it)
+                if self.target < 0:
+                    self._wait_for_target(step)
+                if self.round and 0 <= self.target <= step:
+                    self.saved_round = self.round
             if self.saved_round and self.saved_round == self.round:
-                self._wait_for_stop(int(step))
+                self._wait_for_stop(step)
 
     def _wait_for_target(self, step: int) -> None:
         deadline = time.monotonic() + self._grace

@@ -6,42 +6,15 @@ TARGETS_JSON: {"pods": [{"ip", "tf_port", "tunnel_port", "private"}], "control":
 """
 
 import json
-import select
 import socket
-import subprocess
 import sys
-import time
 
-try:  # the test sends this file as `python -c` with tests/outsider.py's EAGER probe put before it
-    EAGER  # noqa: B018
-except NameError:
-    from outsider import EAGER
+import outsider  # tests/outsider.py: the test sends its code to the pod as this module
 
 
-def eager(address, window=20.0, load=300.0):
-    """TF's remote eager client at ``address``: ran (an answer), or not within ``window`` s of
-    connecting (TF's import before that has ``load`` s)."""
-    proc = subprocess.Popen([sys.executable, "-u", "-c", EAGER, address, "worker"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline, connecting = time.monotonic() + load, False
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return {"ran": False, "error": "no answer (TF's client retries forever)" if connecting
-                        else f"TF did not load within {load:.0f}s", "connecting": connecting}
-            if not select.select([proc.stdout], [], [], left)[0]:
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                return {"ran": False, "error": "the probe exited without an answer", "connecting": connecting}
-            if line.startswith("CONNECTING"):
-                connecting, deadline = True, time.monotonic() + window
-            elif line.startswith("{"):
-                return {**json.loads(line), "connecting": connecting}
-    finally:
-        proc.kill()
-        proc.wait(30)
+def eager(pool, address):
+    """TF's remote eager client at ``address`` (tests/outsider.py's probe, 20 s once it connects)."""
+    return pool.submit(lambda: outsider.run_all([outsider.eager(address)], window=20.0)[0])
 
 
 def connect(host, port, timeout=3.0):
@@ -93,13 +66,13 @@ def main():
     host, port = targets["control"]
     with ThreadPoolExecutor(16) as pool:  # all at once: TF's client never gives up, each probe has its window
         pods = [{"ip": p["ip"],
-                 "eager_tf_port": pool.submit(eager, f"{p['ip']}:{p['tf_port']}"),
-                 "eager_tunnel": pool.submit(eager, f"{p['ip']}:{p['tunnel_port']}"),
-                 "eager_private": pool.submit(eager, p["private"]),  # the node's private address, from here
+                 "eager_tf_port": eager(pool, f"{p['ip']}:{p['tf_port']}"),
+                 "eager_tunnel": eager(pool, f"{p['ip']}:{p['tunnel_port']}"),
+                 "eager_private": eager(pool, p["private"]),  # the node's private address, from here
                  "tunnel_junk": pool.submit(junk, p["ip"], p["tunnel_port"]),
                  "tf_port": pool.submit(connect, p["ip"], p["tf_port"]),
                  "open_ports": pool.submit(scan, p["ip"])} for p in targets["pods"]]
-        control = {"junk": pool.submit(junk, host, port), "eager": pool.submit(eager, f"{host}:{port}")}
+        control = {"junk": pool.submit(junk, host, port), "eager": eager(pool, f"{host}:{port}")}
         out = {"pods": [{k: (v.result() if hasattr(v, "result") else v) for k, v in p.items()} for p in pods],
                "control": {k: v.result() for k, v in control.items()}}
     print("RESULT " + json.dumps(out), flush=True)

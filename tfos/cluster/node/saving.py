@@ -67,9 +67,7 @@ class SavePoint:
             if self.saved_round and self.saved_round == self.round:
                 self._wait_for_stop(step)  # saved for an eviction: the driver stops this process
                 return False
-            if self.round and self.target < 0 and 0 <= self.proposal <= step:
-                self._wait_for_target(step)
-            if self.round and self.target >= 0 and step >= self.target:
+            if self._reaches_target(step):
                 if step > self.target:  # cannot be (the target is every rank's highest proposal): say so
                     logger.error("tfos: step %d is past the save round's target %d; saving now", step, self.target)
                 self.saved_round = self.round
@@ -98,14 +96,18 @@ class SavePoint:
         step = int(step)
         with self._cond:
             self.last = max(self.last, step)
-            if self._on_round is None and self.round and self.saved_round != self.round \
-                    and 0 <= self.proposal <= step:  # (with TF's handler, the handler's save serves it)
-                if self.target < 0:
-                    self._wait_for_target(step)
-                if self.round and 0 <= self.target <= step:
-                    self.saved_round = self.round
+            # (with TF's handler, the handler's save serves the round)
+            if self._on_round is None and self.saved_round != self.round and self._reaches_target(step):
+                self.saved_round = self.round
             if self.saved_round and self.saved_round == self.round:
                 self._wait_for_stop(step)
+
+    def _reaches_target(self, step: int) -> bool:
+        """(Under the lock.) Whether ``step`` reaches the open round's target; a rank at or past its
+        proposal first waits for the target (up to the grace)."""
+        if self.round and self.target < 0 and 0 <= self.proposal <= step:
+            self._wait_for_target(step)
+        return bool(self.round) and 0 <= self.target <= step
 
     def _wait_for_target(self, step: int) -> None:
         deadline = time.monotonic() + self._grace

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Callable
 from xml.sax.saxutils import escape
 
+from tfos.testing.daemons import alive as _alive, stop_tree, tail as _tail
 from tfos.testing.hadoop import kerberos
-from tfos.testing.daemons import alive as _alive, stop_tree
-from tfos.testing.daemons import tail as _tail
 from tfos.testing.hadoop.artifacts import (DATANODE, FS_SHELL, HADOOP_VERSION, HEAPS, JVM_FLAGS, MINIKDC, NAMENODE,
                                            NODEMANAGER, RESOURCEMANAGER, HadoopClusterError, _LOG4J, cache_dir,
                                            fetch)

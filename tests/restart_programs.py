@@ -3,6 +3,7 @@ multi-host suite (tests/multihost)."""
 
 import json
 import os
+import signal
 import tempfile
 import time
 
@@ -102,7 +103,8 @@ def fed_steps(args, ctx):
     (which sends the feed's position) and restored from ctx.checkpoint_dir on a restart. Each rank
     appends ``[step, ids]`` after every step to ``ids-a<attempt>-r<rank>.jsonl`` in ``args['out']``
     (its first line: ``{"resumed_from": step}``): :func:`trained_ids` rebuilds what the final
-    model trained on from them."""
+    model trained on from them. ``args['kill']``: ``[node_index, step]``, that node's TF process
+    SIGKILLs itself once it has logged that step in attempt 0 (a failure at an exact step)."""
     import numpy as np
     import tensorflow as tf
 
@@ -125,6 +127,8 @@ def fed_steps(args, ctx):
             first = time.time()
             ctx.report(first_step_time=first, attempt=ctx.attempt, resumed_from=resumed_from)
         ctx.report(step=i)
+        if ctx.attempt == 0 and [ctx.node_index, i] == args.get("kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
         if i % args["every"] == 0 or ctx.should_checkpoint(i):
             manager.save(checkpoint_number=i)
             ctx.checkpoint_saved(i)  # every rank: the feed's position at this checkpoint goes to the driver

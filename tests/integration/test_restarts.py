@@ -86,19 +86,12 @@ def test_spark_feed_resumes_where_the_checkpoint_is_every_row_once_per_epoch(tfo
     df = spark.range(0, n, 1, 6)
     cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2,
                            checkpoint_dir=str(tmp_path / "ckpt"))
-    cluster.start(fed_steps, {"out": str(tmp_path), "batch": batch, "every": 10, "sleep": 0.02},
-                  input_mode=InputMode.SPARK)
     per_epoch = n // (2 * batch)  # steps of one epoch on 2 ranks
-
-    def kill_in_epoch_2():  # 5 steps past the checkpoint at 1.5 epochs
-        if wait_for(lambda: min((m.get("step", 0) for m in cluster.metrics().values()), default=0)
-                    >= per_epoch * 3 // 2 + 5, 300):
-            os.kill(cluster.nodes[1]["pid"], signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_in_epoch_2, daemon=True)
-    killer.start()
+    # node 1's TF process SIGKILLs itself 5 steps past the checkpoint at 1.5 epochs: at an exact
+    # step (a kill from here, on the step the metrics show, could land between a save and its report)
+    cluster.start(fed_steps, {"out": str(tmp_path), "batch": batch, "every": 10, "sleep": 0.02,
+                              "kill": [1, per_epoch * 3 // 2 + 5]}, input_mode=InputMode.SPARK)
     fed = cluster.train(df, num_epochs=epochs, chunk_rows=100)
-    killer.join()
     cluster.shutdown(timeout=120)
 
     assert cluster.attempt == 1 and 1 in [r.node_index for r in cluster.restarts]  # rank 0's collective broke too

@@ -85,16 +85,26 @@ def report(store, node, feed_id, step, *ranges):
     return store.on_position(M.FeedPosition("c", node, feed_id, step, tuple(ranges)))
 
 
-def test_a_checkpoint_not_every_rank_reported_falls_back_to_the_whole_epoch(store):
+def test_a_rank_that_ended_before_reporting_its_save_resumes_from_every_ranks_last_position(store):
     resume = FeedResume(2, store)
     resume.begin("f1", (0, 1))
     report(store, 0, "f1", 10, (0, 0, 0, 320))
     report(store, 1, "f1", 10, (0, 1, 0, 320))
-    report(store, 0, "f1", 20, (0, 0, 0, 640))  # rank 1 never reported step 20: not the resume point
-    assert store.latest("f1") == 20
+    report(store, 0, "f1", 20, (0, 0, 0, 640))  # rank 1 saved at 20 too but ended before it reported
+    assert store.latest("f1") == 20 and store.newest_complete("f1", (0, 1)) == 10
     text = resume.restarted(during_feed=True)
-    assert "in full" in text
-    # the program resumes from step 20, whose position is incomplete: the whole epoch again (and a warning)
+    # the program resumes from 20 (or 10): skipping what step 10 had trained drops no row
+    assert "step 10" in text and resume.first == 0 and resume.tracked
+    assert resume.skip(0) == {0: [(0, 320)], 1: [(0, 320)]}
+
+
+def test_a_checkpoint_no_step_of_which_every_rank_reported_falls_back_to_the_whole_epoch(store):
+    resume = FeedResume(2, store)
+    resume.begin("f1", (0, 1))
+    report(store, 0, "f1", 10, (0, 0, 0, 320))
+    report(store, 1, "f1", 20, (0, 1, 0, 640))
+    assert store.newest_complete("f1", (0, 1)) is None
+    assert "in full" in resume.restarted(during_feed=True)
     assert resume.first == 0 and not resume.tracked and resume.trained == {}
 
 

@@ -67,6 +67,12 @@ class FeedPositions:
             steps = self._feeds.get(feed_id)
             return max(steps) if steps else None
 
+    def newest_complete(self, feed_id: str, nodes) -> int | None:
+        """The highest step every one of ``nodes`` reported for ``feed_id`` (None: no such step)."""
+        with self._lock:
+            steps = self._feeds.get(feed_id, {})
+            return max((s for s, got in steps.items() if all(i in got for i in nodes)), default=None)
+
     def at(self, feed_id: str, step: int, nodes) -> positions.Position | None:
         """The rows ``nodes`` had consumed together at ``step``; None unless every one reported it."""
         with self._lock:
@@ -125,6 +131,18 @@ class FeedResume:
                 self.tracked = True
                 return self._resume(f"its checkpoint at step {step}")
             missing = [i for i in self.ranks if self.store.at(self.feed_id, step, (i,)) is None]
+            complete = self.store.newest_complete(self.feed_id, self.ranks)
+            if complete is not None:
+                # A rank ended between its save at `step` and its report. The program resumes from
+                # `step` or from an earlier save no older than `complete` (every rank saved there):
+                # what `complete` had trained is a subset of it, so skipping just that drops nothing.
+                logger.warning("tfos: nodes %s did not report the feed position of the checkpoint at step %d "
+                               "(they ended between their save and ctx.checkpoint_saved); the feed resumes from "
+                               "the positions at step %d, every rank's last: the rows those nodes took after "
+                               "it are fed again", missing, step, complete)
+                self.trained = positions.merge(self.trained, self.store.at(self.feed_id, complete, self.ranks))
+                self.tracked = True
+                return self._resume(f"its checkpoint at step {complete}")
             logger.warning("tfos: nodes %s did not report the feed position of the checkpoint at step %d "
                            "(ctx.checkpoint_saved on every rank); the feed resumes without positions: rows "
                            "since the start of the interrupted epoch are fed again", missing, step)

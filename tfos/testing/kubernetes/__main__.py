@@ -42,7 +42,7 @@ def main(argv=None) -> int:
             ensure_packages()
             binaries.build()
             images.pause_image()
-            name, _ = images.build_tfos_image(Path(__file__).resolve().parents[3])
+            name = images.build_tfos_image(Path(__file__).resolve().parents[3]).name
             sys.stdout.write(f"built Kubernetes {binaries.VERSION} and {name} in {time.monotonic() - start:.0f} s\n")
             return 0
         if ns.action == "up":

@@ -241,3 +241,64 @@ def test_a_circle_is_caught(tmp_path):
     target = copy / "cluster" / "driver" / "service.py"
     target.write_text(target.read_text() + "\n\ndef _oops():\n    from tfos.feed.driver import scheduler\n")
     assert ["tfos.cluster.driver", "tfos.feed.driver", "tfos.cluster.driver"] in package_cycles(str(copy))
+
+
+def module_cycles(root: str = ROOT) -> list[list[str]]:
+    """Every circle among the modules themselves (inside a package as across them): the strongly
+    connected components of more than one module, each sorted (Tarjan's algorithm, iterative)."""
+    mods = all_modules(root)
+    graph = {m: sorted({t for imp, _ in module_imports(p, m)
+                        for t in (imp if imp in mods else imp.rpartition(".")[0],) if t in mods and t != m})
+             for m, p in mods.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(graph[w])))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    assert module_cycles() == []
+
+
+def test_a_circle_inside_a_package_is_caught(tmp_path):
+    import shutil
+
+    copy = tmp_path / "tfos"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "tf" / "gloo.py"  # tfos.tf.workers imports it at module level
+    target.write_text(target.read_text() + "\n\ndef _oops():\n    from tfos.tf import workers\n")
+    assert any({"tfos.tf.gloo", "tfos.tf.workers"} <= set(c) for c in module_cycles(str(copy)))

@@ -40,6 +40,9 @@ from tfos.errors import CollectiveError
 
 logger = logging.getLogger(__name__)
 
+#: Gloo's deadline for its rendezvous and for every collective when timeout_seconds is not given.
+GLOO_TIMEOUT_SECONDS = 600.0
+
 #: Copy-and-reduce granularity for tensors that must not be reduced in place.
 CHUNK_BYTES = 16 << 20
 

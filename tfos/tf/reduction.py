@@ -252,14 +252,13 @@ def serve_node(cfg, spec_nodes, timeout_seconds: float | None) -> None:
     """A reducer node's work (instead of ``main_fun``): serve the cluster's workers until they end.
     ``spec_nodes``: the nodes as TF names them (private addresses with the tunnel); the
     ``timeout_seconds`` of the backend bounds every wait within an all-reduce."""
-    from tfos.tf.workers import GLOO_TIMEOUT_SECONDS
     from tfos.topology import num_training_nodes
 
     roles = cfg.cluster.roles
     me = next(n for n in spec_nodes if n.node_index == cfg.node_index)
     store = gloo.node_store(SCOPE, IDLE_TIMEOUT_SECONDS)
     serve(cfg.task_index, num_training_nodes(roles), sum(1 for job, _ in roles if job == REDUCER_JOB), me.host,
-          float(timeout_seconds or GLOO_TIMEOUT_SECONDS), store=store)
+          float(timeout_seconds or gloo.GLOO_TIMEOUT_SECONDS), store=store)
 
 
 def main(argv=None) -> int:

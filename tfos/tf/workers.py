@@ -10,6 +10,7 @@ import os
 from typing import NamedTuple
 
 from tfos.tf import collectives
+from tfos.tf.gloo import GLOO_TIMEOUT_SECONDS  # noqa: F401 (this module's name for it, as before)
 from tfos.topology import TRAINING_JOBS, rank_and_size
 
 logger = logging.getLogger(__name__)
@@ -65,10 +66,6 @@ def _task(tf_config) -> _Task:
 def _coordinated_jobs(cluster) -> list[tuple[str, int]]:
     """``(job, number of tasks)`` of the training jobs in ``cluster``, rank 0's job first."""
     return [(job, len(cluster[job])) for job in TRAINING_JOBS if job in cluster]
-
-
-#: Gloo's deadline for its rendezvous and for every collective when timeout_seconds is not given.
-GLOO_TIMEOUT_SECONDS = 600.0
 
 
 def init_collectives(tf_config=None, method: str = "strategy", communication: str = "auto",

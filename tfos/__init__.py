@@ -9,6 +9,8 @@ pyspark nor TensorFlow, so node agents and TF processes stay light.
 * everywhere: the errors, all derived from :class:`TFOSError`.
 """
 
+from typing import TYPE_CHECKING
+
 from tfos.errors import (AuthenticationError, ClusterStateError, CollectiveError, ConfigError, FeedError,
                          FeedTimeoutError, NodeFailedError, NodeFailure, NonRetryable, ProtocolError,
                          ReservationTimeoutError, StallError, TFOSError, TFOSTimeoutError, UnevenDataError)
@@ -16,18 +18,26 @@ from tfos.host.versions import TFOS_VERSION as __version__
 from tfos import lazy
 from tfos.topology import InputMode
 
-__getattr__, __dir__ = lazy.exports(__name__, globals(), {
+#: the public names loaded on first use, and where each lives (tfos.lazy)
+_LAZY = {
     "TFCluster": "tfos.api",
     "TFDistributor": "tfos.distributor",
     "NodeContext": "tfos.cluster.node.context",
     "DataFeed": "tfos.feed.node.datafeed",
     # TensorFlowOnSpark's module names (docs/migration.md §5), each a module of tfos's own
     **{name: f"tfos.{name}" for name in ("TFNode", "TFManager", "TFParallel", "pipeline", "dfutil")},
-})
+}
+__getattr__, __dir__ = lazy.exports(__name__, globals(), _LAZY)
 
+if TYPE_CHECKING:  # the same names for type checkers and IDEs (never run; tests/unit/test_public_names.py)
+    from tfos import TFManager as TFManager, TFNode as TFNode, TFParallel as TFParallel  # noqa: F401
+    from tfos import dfutil as dfutil, pipeline as pipeline  # noqa: F401
+    from tfos.api import TFCluster as TFCluster  # noqa: F401
+    from tfos.cluster.node.context import NodeContext as NodeContext  # noqa: F401
+    from tfos.distributor import TFDistributor as TFDistributor  # noqa: F401
+    from tfos.feed.node.datafeed import DataFeed as DataFeed  # noqa: F401
 
-__all__ = ["TFCluster", "TFDistributor", "InputMode", "NodeContext", "DataFeed", "TFNode", "TFOSError", "ConfigError",
-           "ProtocolError", "AuthenticationError", "TFOSTimeoutError", "ReservationTimeoutError",
-           "FeedTimeoutError", "FeedError", "ClusterStateError", "CollectiveError", "NodeFailedError", "NodeFailure",
-           "NonRetryable", "UnevenDataError", "StallError",
-           "__version__"]
+__all__ = ["InputMode", "TFOSError", "ConfigError", "ProtocolError", "AuthenticationError", "TFOSTimeoutError",
+           "ReservationTimeoutError", "FeedTimeoutError", "FeedError", "ClusterStateError", "CollectiveError",
+           "NodeFailedError", "NodeFailure", "NonRetryable", "UnevenDataError", "StallError", "__version__",
+           *_LAZY]

@@ -33,4 +33,5 @@ def exports(package: str, namespace: dict, table: dict[str, str]):
     def __dir__():  # noqa: N807
         return sorted(set(namespace) | set(table))
 
+    __getattr__.table = dict(table)  # what is loaded lazily (tests: every such name is in __all__)
     return __getattr__, __dir__

@@ -100,7 +100,7 @@ def module_imports(path: str, module: str) -> list[tuple[str, int]]:
         tree = ast.parse(f.read(), path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     found = []
-    for node in ast.walk(tree):
+    for node in _runnable(tree):
         if isinstance(node, ast.Import):
             found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "tfos"]
         elif isinstance(node, ast.ImportFrom):
@@ -114,6 +114,20 @@ def module_imports(path: str, module: str) -> list[tuple[str, int]]:
                 name = f"{base}.{a.name}"  # the root's lazy names count as what they are: tfos.TFCluster
                 found.append((name if _is_module(name) or base == "tfos" else base, node.lineno))
     return found
+
+
+def _runnable(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (imports for type checkers only,
+    never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", getattr(child.test, "attr", None)) == "TYPE_CHECKING":
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
 
 
 def _is_module(name: str) -> bool:

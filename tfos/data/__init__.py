@@ -60,9 +60,4 @@ __getattr__, __dir__ = lazy.exports(__name__, globals(), {
     name: f"tfos.data.{module}" for module, names in _EXPORTS.items() for name in names})
 
 
-__all__ = [
-    "list_files", "list_files_with_sizes", "shard", "shard_by_size", "rank_files",
-    "tfrecord_dataset", "parquet_dataset", "csv_dataset",
-    "encode_example", "decode_example", "tfrecord_frame", "iter_tfrecords",
-    "save_as_tfrecords", "load_tfrecords",
-]
+__all__ = [name for names in _EXPORTS.values() for name in names]

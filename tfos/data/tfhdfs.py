@@ -19,19 +19,17 @@ process and wherever a user calls ``register``.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import functools
 import hashlib
 import logging
 import os
 import shutil
-import sys
 import threading
 from pathlib import Path
 
 from tfos.errors import HadoopConfigError, TFOSError
-from tfos.host.builds import build_once, first_use_build_refused, install, run_step
+from tfos.host.builds import build_once, command, first_use_build_refused, install, run_command, run_step
 from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
@@ -197,24 +195,8 @@ def _set_default_url(path: str) -> None:
         ctypes.CDLL(path).tfos_hdfs_set_client_url(b"hdfs://", url.encode())
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfos.data.tfhdfs",
-                                     description="TensorFlow's hdfs:// and viewfs:// through tfos's plugin")
-    parser.add_argument("command", choices=["build", "path"],
-                        help="build: compile it unless built (prints its path); path: the plugin this process loads")
-    args = parser.parse_args(argv)
-    try:
-        path = build() if args.command == "build" else plugin_path()
-    except TFOSError as e:
-        logger.error("%s", e)
-        return 1
-    if path is None:
-        logger.error("no plugin: run 'python -m tfos.data.tfhdfs build'")
-        return 1
-    sys.stdout.write(path + "\n")
-    return 0
-
+main = command("python -m tfos.data.tfhdfs", "TensorFlow's hdfs:// and viewfs:// through tfos's plugin", build,
+               plugin_path, "the plugin")
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    raise SystemExit(main())
+    run_command(main)

@@ -4,17 +4,21 @@ dies with its caller and is stopped on a timeout. Runs wherever a build is asked
 
 from __future__ import annotations
 
+import argparse
 import fcntl
+import logging
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Sequence
 
 from tfos.errors import TFOSError
 from tfos.host.private import user_cache_dir
 
+logger = logging.getLogger(__name__)
 
 #: Environment variables that say this process runs in a resource manager's container.
 CONTAINERS = (("CONTAINER_ID", "a YARN container"), ("KUBERNETES_SERVICE_HOST", "a Kubernetes pod"))
@@ -74,3 +78,35 @@ def install(built: Path, out: Path) -> str:
     os.chmod(tmp, 0o700)
     os.replace(tmp, out)
     return str(out)
+
+
+def command(prog: str, description: str, build: Callable[[], str | Sequence[str]],
+            where: Callable[[], str | Sequence[str] | None], what: str) -> Callable[..., int]:
+    """The ``build|path`` command of one compiled part (``python -m <module> build|path``, which
+    ``tfos build`` runs): ``build`` compiles what is missing and prints the paths, ``path`` prints
+    where they are (``where`` returning None: not built, exit 1). ``what``: the build's outputs, as
+    the help names them. Errors are logged, exit 1."""
+
+    def main(argv=None) -> int:
+        parser = argparse.ArgumentParser(prog=prog, description=description)
+        parser.add_argument("command", choices=["build", "path"],
+                            help=f"build: compile {what} unless built (prints the paths); path: where they are")
+        args = parser.parse_args(argv)
+        try:
+            paths = build() if args.command == "build" else where()
+        except TFOSError as e:
+            logger.error("%s", e)
+            return 1
+        if paths is None:
+            logger.error("%s is not built here: run '%s build'", what, prog)
+            return 1
+        sys.stdout.write("\n".join([str(paths)] if isinstance(paths, (str, os.PathLike)) else map(str, paths)) + "\n")
+        return 0
+
+    return main
+
+
+def run_command(main: Callable[..., int]) -> None:
+    """``if __name__ == "__main__"`` of a build module: its log lines plain on stderr, its exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    raise SystemExit(main())

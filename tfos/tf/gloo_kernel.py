@@ -26,7 +26,6 @@ root alone can change.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import hashlib
@@ -39,7 +38,7 @@ import threading
 from pathlib import Path
 
 from tfos.errors import TFOSError
-from tfos.host.builds import build_once, first_use_build_refused, install, run_step
+from tfos.host.builds import build_once, command, first_use_build_refused, install, run_command, run_step
 from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
@@ -222,21 +221,8 @@ def load() -> Kernel | None:
         return _loaded
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfos.tf.gloo_kernel",
-                                     description="tfos's Gloo all-reduce as a TensorFlow op")
-    parser.add_argument("command", choices=["build", "path"],
-                        help="build: compile it unless built (prints its path); path: where its build is")
-    args = parser.parse_args(argv)
-    try:
-        path = build() if args.command == "build" else str(built_path())
-    except TFOSError as e:
-        logger.error("%s", e)
-        return 1
-    sys.stdout.write(path + "\n")
-    return 0
-
+main = command("python -m tfos.tf.gloo_kernel", "tfos's Gloo all-reduce as a TensorFlow op", build,
+               lambda: str(built_path()), "the op")
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    raise SystemExit(main())
+    run_command(main)

@@ -1,9 +1,7 @@
 """``python -m tfos.tunnel build|path``: see :mod:`tfos.tunnel.build`."""
 
-import logging
-
+from tfos.host.builds import run_command
 from tfos.tunnel.build import main
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    raise SystemExit(main())
+    run_command(main)

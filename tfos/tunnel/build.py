@@ -10,18 +10,16 @@ ever executed or preloaded (:func:`tfos.host.private.check_trusted_file`).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import logging
 import os
 import platform
 import shutil
-import sys
 from pathlib import Path
 
 from tfos.errors import ConfigError, TFOSError
-from tfos.host.builds import build_once, first_use_build_refused, install, run_step
+from tfos.host.builds import build_once, command, first_use_build_refused, install, run_step
 from tfos.host.private import check_trusted_file, user_cache_dir, user_cache_root
 
 logger = logging.getLogger(__name__)
@@ -137,15 +135,5 @@ def require() -> tuple[str, str]:
     return binary, shim
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfos.tunnel", description="tfos's node tunnel and network shim")
-    parser.add_argument("command", choices=["build", "path"],
-                        help="build: compile both unless built (prints their paths); path: where they are")
-    args = parser.parse_args(argv)
-    try:
-        paths = build() if args.command == "build" else built_paths()
-    except TFOSError as e:
-        logger.error("%s", e)
-        return 1
-    sys.stdout.write("\n".join(paths) + "\n")
-    return 0
+main = command("python -m tfos.tunnel", "tfos's node tunnel and network shim", build, built_paths,
+               "the tunnel and its shim")

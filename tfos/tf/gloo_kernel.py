@@ -97,7 +97,7 @@ def source_key(versions: str) -> str:
     """What a build depends on: the sources, and the TensorFlow, PyTorch and Python (environment) it is
     built for."""
     h = hashlib.sha256(versions.encode())
-    for p in sorted(SOURCE.glob("*.cc")):
+    for p in sorted([*SOURCE.glob("*.cc"), *SOURCE.glob("*.h")]):
         h.update(p.name.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
 

@@ -1,7 +1,5 @@
 // The torch side of tfos's Gloo op: a registry of Gloo process groups made in Python, and the
 // all-reduce the TF kernel (op.cc) calls with its buffers, without Python and without the GIL.
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -9,31 +7,18 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include "torch_side.h"
 
 namespace {
 
-std::mutex groups_mu;
-std::unordered_map<int64_t, c10::intrusive_ptr<c10d::Backend>> groups;
-int64_t next_handle = 1;
+HandleRegistry<c10::intrusive_ptr<c10d::Backend>> groups(1, "Gloo group");
 
-int64_t add_group(c10::intrusive_ptr<c10d::Backend> pg) {
-  std::lock_guard<std::mutex> lock(groups_mu);
-  groups[next_handle] = std::move(pg);
-  return next_handle++;
-}
+int64_t add_group(c10::intrusive_ptr<c10d::Backend> pg) { return groups.add(std::move(pg)); }
 
-void remove_group(int64_t handle) {
-  std::lock_guard<std::mutex> lock(groups_mu);
-  groups.erase(handle);
-}
-
-// the dtype codes op.cc sends (the order of its type list)
-const at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
-                                 at::kInt,   at::kLong,   at::kChar, at::kByte};
+void remove_group(int64_t handle) { groups.remove(handle); }
 
 void say(char* err, int errlen, const std::string& text) {
   std::snprintf(err, static_cast<size_t>(errlen), "%s", text.c_str());
@@ -49,33 +34,27 @@ void say(char* err, int errlen, const std::string& text) {
 // input TF keeps) is filled from it part by part, each part just before its collective is issued,
 // so the copy overlaps the parts already travelling. Returns 0, or 1 with the error's text in err;
 // either way no collective is left running on the buffers (the caller frees them).
-extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
-                                   const int64_t* counts, const int* types, const bool* average,
-                                   int64_t max_pieces, int64_t piece_bytes, char* err, int errlen) {
-  constexpr int kNumTypes = static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0]));
-  for (int i = 0; i < n; ++i) {
-    if (types[i] < 0 || types[i] >= kNumTypes) {
-      say(err, errlen, "unknown dtype code " + std::to_string(types[i]));
-      return 1;
-    }
+int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
+                        const int64_t* counts, const int* types, const bool* average, int64_t max_pieces,
+                        int64_t piece_bytes, char* err, int errlen) {
+  std::string failure;
+  if (!known_types(n, types, &failure)) {
+    say(err, errlen, failure);
+    return 1;
   }
   c10::intrusive_ptr<c10d::Backend> pg;
-  {
-    std::lock_guard<std::mutex> lock(groups_mu);
-    auto it = groups.find(handle);
-    if (it == groups.end()) {
-      say(err, errlen, "no Gloo group " + std::to_string(handle) + " in this process (closed?)");
-      return 1;
-    }
-    pg = it->second;
+  try {
+    pg = groups.find(handle);
+  } catch (const std::exception& e) {
+    say(err, errlen, e.what());
+    return 1;
   }
   std::vector<at::Tensor> tensors(static_cast<size_t>(n));
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  std::string failure;
   try {
     for (int i = 0; i < n; ++i) {
       if (counts[i] == 0) continue;
-      at::Tensor t = at::from_blob(data[i], {counts[i]}, at::TensorOptions().dtype(kTypes[types[i]]));
+      at::Tensor t = blob(data[i], counts[i], types[i]);
       tensors[i] = t;
       const int64_t item = t.element_size();
       const int64_t bytes = counts[i] * item;
@@ -122,11 +101,6 @@ extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, con
   }
   return 0;
 }
-
-// reduction.cc: the reduction server on a group of workers and reducers
-int64_t rs_register(c10::intrusive_ptr<c10d::Backend> pg, int workers, std::vector<std::string> names);
-void rs_unregister(int64_t handle);
-std::string rs_serve(int64_t handle, int64_t step_timeout_ms, int lookahead);
 
 PYBIND11_MODULE(_tfos_gloo, m) {
   m.def("register", &add_group, "a handle for this Gloo group, for the TfosGlooAllReduce op");

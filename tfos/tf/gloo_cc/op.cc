@@ -11,12 +11,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
-extern "C" int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
-                                   const int64_t* counts, const int* types, const bool* average,
-                                   int64_t max_pieces, int64_t piece_bytes, char* err, int errlen);
-extern "C" int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
-                                 const int64_t* counts, const int* types, const bool* average, int64_t piece_bytes,
-                                 int64_t timeout_ms, char* err, int errlen);
+#include "tfos_gloo.h"
 
 namespace {
 
@@ -28,14 +23,14 @@ std::vector<tensorflow::Tensor>* quarantine = new std::vector<tensorflow::Tensor
 
 int type_code(DataType t) {
   switch (t) {
-    case tensorflow::DT_FLOAT: return 0;
-    case tensorflow::DT_DOUBLE: return 1;
-    case tensorflow::DT_HALF: return 2;
-    case tensorflow::DT_BFLOAT16: return 3;
-    case tensorflow::DT_INT32: return 4;
-    case tensorflow::DT_INT64: return 5;
-    case tensorflow::DT_INT8: return 6;
-    case tensorflow::DT_UINT8: return 7;
+    case tensorflow::DT_FLOAT: return kTfosFloat;
+    case tensorflow::DT_DOUBLE: return kTfosDouble;
+    case tensorflow::DT_HALF: return kTfosHalf;
+    case tensorflow::DT_BFLOAT16: return kTfosBFloat16;
+    case tensorflow::DT_INT32: return kTfosInt32;
+    case tensorflow::DT_INT64: return kTfosInt64;
+    case tensorflow::DT_INT8: return kTfosInt8;
+    case tensorflow::DT_UINT8: return kTfosUInt8;
     default: return -1;
   }
 }

@@ -13,9 +13,6 @@
 // call and plan, and then, shard by shard, receives every worker's part (lookahead shards
 // ahead), sums them in worker order (half and bfloat16 in float32) and sends the one sum to every
 // worker: every worker gets the same bytes. No Python runs per message, and the GIL is released.
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -27,8 +24,9 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include "torch_side.h"
 
 namespace {
 
@@ -41,11 +39,6 @@ constexpr int kDataTag = 0x7f53;
 constexpr int64_t kMaxShards = int64_t{1} << 20;
 constexpr int64_t kMaxShardBytes = int64_t{16} << 20;
 
-// the dtype codes op.cc sends (the order of its type list), as in bridge.cc
-const at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
-                                 at::kInt,   at::kLong,   at::kChar, at::kByte};
-constexpr int kNumTypes = static_cast<int>(sizeof(kTypes) / sizeof(kTypes[0]));
-
 struct Reduction {
   c10::intrusive_ptr<c10d::Backend> pg;
   int workers = 0;
@@ -56,22 +49,8 @@ struct Reduction {
   std::mutex calls_mu;  // one call at a time: the reducers take the calls in the order they come
 };
 
-std::mutex mu;
-std::unordered_map<int64_t, std::shared_ptr<Reduction>> reductions;
-int64_t next_handle = 1 << 20;  // apart from bridge.cc's handles
-
-std::shared_ptr<Reduction> find(int64_t handle) {
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = reductions.find(handle);
-  if (it == reductions.end()) {
-    throw std::runtime_error("no reduction-server group " + std::to_string(handle) + " in this process (closed?)");
-  }
-  return it->second;
-}
-
-at::Tensor blob(void* data, int64_t count, int type) {
-  return at::from_blob(data, {count}, at::TensorOptions().dtype(kTypes[type]));
-}
+// apart from bridge.cc's handles
+HandleRegistry<std::shared_ptr<Reduction>> reductions(int64_t{1} << 20, "reduction-server group");
 
 // Waits for w within timeout_ms (0: the group's own timeout); throws with `who` first.
 void wait_for(const c10::intrusive_ptr<c10d::Work>& w, int64_t timeout_ms, const std::string& who) {
@@ -99,26 +78,21 @@ int64_t rs_register(c10::intrusive_ptr<c10d::Backend> pg, int workers, std::vect
     if (names[r].empty()) names[r] = "reducer " + std::to_string(r);
   }
   red->names = std::move(names);
-  std::lock_guard<std::mutex> lock(mu);
-  reductions[next_handle] = std::move(red);
-  return next_handle++;
+  return reductions.add(std::move(red));
 }
 
-void rs_unregister(int64_t handle) {
-  std::lock_guard<std::mutex> lock(mu);
-  reductions.erase(handle);
-}
+void rs_unregister(int64_t handle) { reductions.remove(handle); }
 
 // Worker side; see the file's comment. Returns 0; 1 with err set (no transfer left running on the
 // buffers); 2 with err set when transfers may still touch the buffers (the caller must keep them
 // alive for good: the group is broken).
-extern "C" int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
-                                 const int64_t* counts, const int* types, const bool* average, int64_t piece_bytes,
-                                 int64_t timeout_ms, char* err, int errlen) {
+int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
+                      const int64_t* counts, const int* types, const bool* average, int64_t piece_bytes,
+                      int64_t timeout_ms, char* err, int errlen) {
   auto say = [&](const std::string& text) { std::snprintf(err, static_cast<size_t>(errlen), "%s", text.c_str()); };
   std::shared_ptr<Reduction> red;
   try {
-    red = find(handle);
+    red = reductions.find(handle);
   } catch (const std::exception& e) {
     say(e.what());
     return 1;
@@ -128,11 +102,10 @@ extern "C" int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const
     say("an earlier all-reduce of this group failed; its connections are not used again (restart the cluster)");
     return 1;
   }
-  for (int i = 0; i < n; ++i) {
-    if (types[i] < 0 || types[i] >= kNumTypes) {
-      say("unknown dtype code " + std::to_string(types[i]));
-      return 1;
-    }
+  std::string bad;
+  if (!known_types(n, types, &bad)) {
+    say(bad);
+    return 1;
   }
   const int W = red->workers, R = red->reducers;
   struct Shard {
@@ -152,7 +125,7 @@ extern "C" int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const
   std::vector<std::pair<int, size_t>> order;  // (reducer, shard) in the order they are issued
   for (int i = 0; i < n; ++i) {
     if (counts[i] == 0) continue;
-    const int64_t item = static_cast<int64_t>(c10::elementSize(kTypes[types[i]]));
+    const int64_t item = static_cast<int64_t>(c10::elementSize(kTorchTypes[types[i]]));
     const int64_t piece = piece_bytes > 0 ? std::max<int64_t>(R, piece_bytes / item) : counts[i];
     for (int64_t off = 0; off < counts[i]; off += piece) {
       const int64_t len = std::min(piece, counts[i] - off);
@@ -185,7 +158,7 @@ extern "C" int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const
     }
     for (const auto& [r, k] : order) {
       const Shard& s = plans->shards[r][k];
-      const int64_t item = static_cast<int64_t>(c10::elementSize(kTypes[types[s.buffer]]));
+      const int64_t item = static_cast<int64_t>(c10::elementSize(kTorchTypes[types[s.buffer]]));
       if (copy_from[s.buffer] != nullptr) {  // an input TF keeps: copied shard by shard, as it goes
         std::memcpy(static_cast<char*>(data[s.buffer]) + s.offset * item,
                     static_cast<const char*>(copy_from[s.buffer]) + s.offset * item, static_cast<size_t>(s.count * item));
@@ -213,7 +186,7 @@ extern "C" int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const
 // the workers disagree). step_timeout_ms bounds every wait within a call; between calls a
 // reducer waits as long as the group's own timeout.
 std::string rs_serve(int64_t handle, int64_t step_timeout_ms, int lookahead) {
-  auto red = find(handle);
+  auto red = reductions.find(handle);
   const int W = red->workers;
   auto& pg = red->pg;
   const int me = pg->getRank() - W;
@@ -280,8 +253,8 @@ std::string rs_serve(int64_t handle, int64_t step_timeout_ms, int lookahead) {
       }
       for (int64_t k = 0; k < m; ++k) {
         const int64_t count = plans[0][3 * k], type = plans[0][3 * k + 1];
-        if (type < 0 || type >= kNumTypes || count < 1 || count > kMaxShardBytes ||
-            count * static_cast<int64_t>(c10::elementSize(kTypes[type])) > kMaxShardBytes) {
+        if (type < 0 || type >= kTfosNumTypes || count < 1 || count > kMaxShardBytes ||
+            count * static_cast<int64_t>(c10::elementSize(kTorchTypes[type])) > kMaxShardBytes) {
           throw std::runtime_error("a malformed plan from the workers (shard " + std::to_string(k) + ")");
         }
       }
@@ -290,7 +263,7 @@ std::string rs_serve(int64_t handle, int64_t step_timeout_ms, int lookahead) {
       auto& leaving = flight->leaving;
       int64_t posted = 0;
       auto post = [&]() {
-        const auto type = kTypes[plans[0][3 * posted + 1]];
+        const auto type = kTorchTypes[plans[0][3 * posted + 1]];
         std::vector<at::Tensor> ins;
         std::vector<c10::intrusive_ptr<c10d::Work>> ws;
         for (int w = 0; w < W; ++w) {

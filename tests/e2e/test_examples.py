@@ -136,24 +136,3 @@ def test_parameter_server_example_trains_and_counts_steps():
     assert len(found) == len(PS_VARIANTS), out.stdout[-3000:]
     for _acc, scheduled, counted in found:
         assert scheduled == counted  # no step lost
-
-
-@pytest.mark.slow
-def test_main_job_console_shows_one_progress_line_and_no_noise(tmp_path):
-    """The README's main job (scripts/run_example.sh runs this) as a user sees it: one tfos line
-    with step and loss, updated in place, and no py4j, oneDNN or Spark start-up chatter."""
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits", "digits_tf.py"), "--epochs", "2",
-                          "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")],
-                         capture_output=True, timeout=600, env=env, cwd=str(tmp_path))  # bytes: keep the \r
-    stdout, stderr = out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace")
-    assert out.returncode == 0, stderr[-4000:]
-    console = stdout + stderr
-    bar_lines = [line for line in console.split("\n") if re.search(r"tfos [0-9a-f]{12}:", line)]
-    assert len(bar_lines) == 1, bar_lines  # one line, redrawn with \r
-    last = bar_lines[0].split("\r")[-1]
-    assert re.search(r"\d+step", last) and "loss=" in last, last
-    for noise in ("py4j", "oneDNN", "Using Spark's default log4j profile", "resolves to a loopback address"):
-        assert noise not in console, noise
-    assert "test accuracy" in stdout

@@ -39,6 +39,8 @@ DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 IMAGE_PACKAGES = ("openjdk-17-jre-headless", "python3", "python3-venv", "procps", "tini", "bash", "coreutils",
                   "ca-certificates")
+#: tfos's extras installed in the image
+IMAGE_EXTRAS = ("tf", "spark", "examples")
 #: where things live in the image
 VENV = "/opt/tfos/venv"
 NATIVE = "/opt/tfos/native"
@@ -197,9 +199,14 @@ DEPS_RECIPE = "2: debian + venv of tfos[tf,spark,examples]'s dependencies, tfos 
 
 def deps_key(repo_root: Path) -> str:
     """What the dependencies layer is built from: the host's package versions, tfos's declared
-    dependencies (pyproject.toml), the Debian packages and the recipe; not tfos's sources."""
-    h = hashlib.sha256()
-    h.update((repo_root / "pyproject.toml").read_bytes())
+    dependencies and those of the image's extras (pyproject.toml), the Debian packages and the
+    recipe; not tfos's sources."""
+    import tomllib
+
+    project = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {})
+    declared = {"": project.get("dependencies", [])} | {e: extras.get(e, []) for e in IMAGE_EXTRAS}
+    h = hashlib.sha256(json.dumps(declared, sort_keys=True).encode())
     h.update(json.dumps(sorted(_versions().items())).encode())
     h.update(" ".join(IMAGE_PACKAGES).encode() + DEBIAN_SUITE.encode() + DEPS_RECIPE.encode())
     return h.hexdigest()[:12]
@@ -357,7 +364,7 @@ def _build_deps_layer(cache: Path, wheel: Path, out: Path) -> None:
                    "PIP_CERT": "/tmp/host-ca.crt", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "180"}
             pip = ["chroot", str(rootfs), f"{VENV}/bin/pip"]
             _run(pip + ["install", "-q", "--no-compile", "--cache-dir", "/tmp/pip-cache", "-c", "/tmp/constraints.txt",
-                        f"/tmp/wheels/{wheel.name}[tf,spark,examples]"], "pip install in the image", env=env)
+                        f"/tmp/wheels/{wheel.name}[{','.join(IMAGE_EXTRAS)}]"], "pip install in the image", env=env)
             _run(pip + ["uninstall", "-q", "-y", "tfos"], "removing tfos from the dependencies layer", env=env)
         finally:
             subprocess.run(["umount", "-l", str(tmp / "pip-cache")], capture_output=True)

@@ -96,9 +96,10 @@ def _run(probe: dict, window: float) -> dict:
         proc.wait(30)
 
 
-def run_all(probes: list[dict], window: float = 30.0, parallel: int = 8) -> list[dict]:
+def run_all(probes: list[dict], window: float = 20.0, parallel: int = 32) -> list[dict]:
     """Every probe's result (``ran``: it got in; ``loaded``: it reached the connecting stage), run at
-    most ``parallel`` at a time."""
+    most ``parallel`` at a time (all at once for any test here: each waits ``window`` after it has
+    loaded, so rounds of a few would each cost a window)."""
     results: list = [None] * len(probes)
     gate = threading.Semaphore(parallel)
 

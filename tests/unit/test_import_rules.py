@@ -173,6 +173,17 @@ def violations(root: str = ROOT) -> list[str]:
     return bad
 
 
+def copy_with_import(tmp_path, module_file: str, line: str) -> str:
+    """A copy of the package in which ``module_file`` also makes the import ``line`` (in a function)."""
+    import shutil
+
+    copy = tmp_path / "tfos"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / module_file
+    target.write_text(target.read_text() + f"\n\ndef _oops():\n    {line}\n")
+    return str(copy)
+
+
 def test_every_module_has_a_rule():
     assert all(rule_for(m) for m in all_modules())
 
@@ -201,13 +212,8 @@ def test_rule_table(module, imported, ok):
 def test_a_forbidden_import_is_caught(tmp_path):
     """A copy of the package with one import a TF process must not make: the check names it, and
     the driver it reaches."""
-    import shutil
-
-    copy = tmp_path / "tfos"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    target = copy / "cluster" / "node" / "reporting.py"
-    target.write_text(target.read_text() + "\n\ndef _oops():\n    from tfos.cluster.driver import registry\n")
-    found = violations(str(copy))
+    copy = copy_with_import(tmp_path, "cluster/node/reporting.py", "from tfos.cluster.driver import registry")
+    found = violations(copy)
     assert any("tfos.cluster.node.reporting" in v and "tfos.cluster.driver.registry" in v for v in found), found
     assert any(v.startswith("tfos.cluster.node.runtime reaches the driver") for v in found), found
 
@@ -248,13 +254,8 @@ def test_the_packages_import_each_other_without_a_circle():
 
 
 def test_a_circle_is_caught(tmp_path):
-    import shutil
-
-    copy = tmp_path / "tfos"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    target = copy / "cluster" / "driver" / "service.py"
-    target.write_text(target.read_text() + "\n\ndef _oops():\n    from tfos.feed.driver import scheduler\n")
-    assert ["tfos.cluster.driver", "tfos.feed.driver", "tfos.cluster.driver"] in package_cycles(str(copy))
+    copy = copy_with_import(tmp_path, "cluster/driver/service.py", "from tfos.feed.driver import scheduler")
+    assert ["tfos.cluster.driver", "tfos.feed.driver", "tfos.cluster.driver"] in package_cycles(copy)
 
 
 def module_cycles(root: str = ROOT) -> list[list[str]]:
@@ -309,10 +310,5 @@ def test_no_module_imports_itself_through_others():
 
 
 def test_a_circle_inside_a_package_is_caught(tmp_path):
-    import shutil
-
-    copy = tmp_path / "tfos"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    target = copy / "tf" / "gloo.py"  # tfos.tf.workers imports it at module level
-    target.write_text(target.read_text() + "\n\ndef _oops():\n    from tfos.tf import workers\n")
-    assert any({"tfos.tf.gloo", "tfos.tf.workers"} <= set(c) for c in module_cycles(str(copy)))
+    copy = copy_with_import(tmp_path, "tf/gloo.py", "from tfos.tf import workers")  # workers imports gloo
+    assert any({"tfos.tf.gloo", "tfos.tf.workers"} <= set(c) for c in module_cycles(copy))

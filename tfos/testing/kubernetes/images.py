@@ -89,8 +89,10 @@ class Layer:
     def __init__(self, path: Path):
         self.path = Path(path)
         digest = self.path.with_name(self.path.name + ".sha256")
-        if not digest.exists():
-            digest.write_text(_sha256_file(self.path))
+        if not digest.exists():  # just built: hashed once, the digest put in place last (see ready)
+            tmp = digest.with_name(digest.name + ".partial")
+            tmp.write_text(_sha256_file(self.path))
+            os.replace(tmp, digest)
         self.digest = digest.read_text().strip()
         self.size = self.path.stat().st_size
 
@@ -304,15 +306,6 @@ def _evict(cache: Path, pattern: str) -> None:
         old.unlink()
 
 
-def _finish_layer(layer_tmp: Path, out: Path) -> None:
-    """Hash a built layer, then move it and its digest into place (the digest last: Layer.ready)."""
-    digest = _sha256_file(layer_tmp)
-    os.replace(layer_tmp, out)
-    tmp = out.with_name(out.name + ".sha256.partial")
-    tmp.write_text(digest)
-    os.replace(tmp, out.with_name(out.name + ".sha256"))
-
-
 def _spark_home_in_image() -> str:
     return f"{VENV}/lib/python3.11/site-packages/pyspark"
 
@@ -384,7 +377,8 @@ def _build_deps_layer(cache: Path, wheel: Path, out: Path) -> None:
             shutil.rmtree(rootfs / junk, ignore_errors=True)
         layer = work / "layer.tar"
         _run(["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", str(layer), "."], "packing the layer")
-        _finish_layer(layer, out)
+        os.replace(layer, out)
+        Layer(out)  # its digest
     finally:
         _umounts(rootfs)
         shutil.rmtree(work, ignore_errors=True)
@@ -430,7 +424,8 @@ def _build_tfos_layer(repo_root: Path, cache: Path, wheel: Path, out: Path) -> N
         with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as tar:
             for top in sorted(stage.iterdir()):
                 tar.add(str(top), arcname=top.name, filter=as_root)
-        _finish_layer(layer, out)
+        os.replace(layer, out)
+        Layer(out)  # its digest
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -15,6 +15,7 @@ from tfos.errors import ConfigError, FeedError, NonRetryable, UnevenDataError
 from tfos.data import uneven as U
 from tfos.feed.driver.scheduler import FeedScheduler, safe_rows
 from tfos.feed.executor.producer import make_train_feeder
+from tfos.host import private
 from tfos.feed.node.datafeed import DataFeed
 from tfos.feed.node.hub import FeedHub
 from tfos.wire import channel as C
@@ -236,6 +237,7 @@ class FeedPath:
 
     def __init__(self, n: int, queue_chunks: int = 4):
         self.key = C.new_key()
+        private.store_cluster_secret("c", self.key.secret)  # as a node on this host leaves it for feeding tasks
         self.n = n
         self.registry = NodeRegistry("c", [("chief", 0)] + [("worker", i) for i in range(n - 1)])
         self.scheduler = FeedScheduler(self.registry, list(range(n)))
@@ -250,6 +252,7 @@ class FeedPath:
         for h in self.hubs:
             h.close()
         self.service.stop()
+        private.release_cluster_secret(private.private_dir("c"))
 
     def run(self, partitions, consume, uneven="drop", chunk_rows=None, feed_id="f1", shutdown=False, epoch=-1,
             skip=None):

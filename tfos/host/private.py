@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 
 from tfos.errors import TFOSError
 
@@ -107,6 +108,65 @@ def write_private_file(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+
+
+#: The file in a cluster's private directory (``<tmp>/tfos-<uid>/<cluster_id>/``) that holds its
+#: secret for the Spark tasks of this host that feed the cluster: they find it there, not in their
+#: closures, which Spark serves to anyone without spark.authenticate (docs/security.md).
+SECRET_FILE = "cluster.secret"
+
+#: The Spark local property that carries the secret to the feeding tasks of a classic Spark
+#: application (in the task launch messages; a node-less executor has no file to read). Its name is
+#: also set in the SparkConf, so that Spark's event log redacts it (spark.redaction.regex: "secret").
+SECRET_PROPERTY = "spark.tfos.cluster.secret"
+
+
+def store_cluster_secret(cluster_id: str, secret: str) -> None:
+    """Put ``secret`` in the cluster's private directory on this host (0600, replaced atomically:
+    the nodes of one host write the same secret)."""
+    directory = private_dir(cluster_id)
+    tmp = os.path.join(directory, f".{SECRET_FILE}.{os.getpid()}.{threading.get_ident()}")
+    write_private_file(tmp, secret.encode())
+    os.replace(tmp, os.path.join(directory, SECRET_FILE))
+
+
+def load_cluster_secret(cluster_id: str) -> str | None:
+    """The secret a node of the cluster left on this host, or None when none did. The file must be
+    this user's own, 0600 or stricter, and no symlink (like every private file)."""
+    base = os.path.join(tempfile.gettempdir(), f"tfos-{os.getuid()}")
+    if not os.path.isdir(os.path.join(base, cluster_id)):
+        return None
+    path = os.path.join(private_dir(cluster_id, create=False), SECRET_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UnsafeDirectoryError(f"{path} cannot be read as tfos's cluster secret ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077 or not stat.S_ISREG(st.st_mode):
+            raise UnsafeDirectoryError(f"{path} is not a private file of this user (uid {st.st_uid}, mode "
+                                       f"{stat.S_IMODE(st.st_mode):o}); tfos will not use it: remove it")
+        return f.read(256).decode()
+
+
+def release_cluster_secret(cluster_dir: str) -> None:
+    """Remove the cluster's secret from this host once no node directory is left in ``cluster_dir``
+    (a node that ended cleanly removes its own; a failed one keeps it, and the secret, for
+    debugging), and the directory with it when that is then empty."""
+    try:
+        if any(name.startswith("node-") for name in os.listdir(cluster_dir)):
+            return
+        os.unlink(os.path.join(cluster_dir, SECRET_FILE))
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return
+    try:
+        os.rmdir(cluster_dir)
+    except OSError:
+        pass
 
 
 def remove_tree(path: str) -> None:

@@ -267,6 +267,9 @@ class FakeSpark:
             self._jobs[threading.get_ident()] = group
             self._cancel.setdefault(group, threading.Event())
 
+    def lend_secret(self, secret: str) -> None:
+        pass  # no Spark task is launched
+
     def cancel_job(self, group: str) -> None:
         with self._lock:
             self._cancel.setdefault(group, threading.Event()).set()
@@ -278,7 +281,7 @@ class FakeSpark:
         return []
 
     def barrier_stage(self, n: int, bootstrap):
-        cluster: M.ClusterConfig = bootstrap.cluster  # make_bootstrap records what it was made for
+        cluster: M.ClusterConfig = bootstrap.keyed()  # what the stage was made for, with its secret
 
         def action():
             with self._lock:

@@ -67,7 +67,7 @@ class FleetSpark(FakeSpark):
         self.stats = stats  # where each fleet process writes its figures (see run_fleet)
 
     def barrier_stage(self, n: int, bootstrap):
-        cluster: M.ClusterConfig = bootstrap.cluster
+        cluster: M.ClusterConfig = bootstrap.keyed()
 
         def action():
             with self._lock:

@@ -39,6 +39,14 @@ class ChannelKey:
     def __repr__(self):  # the secret never reaches a log line or a traceback
         return f"ChannelKey(encrypt={self.encrypt})"
 
+    def without_secret(self) -> "ChannelKey":
+        """This key's mode and no secret: what travels in a Spark task's closure, which Spark serves
+        as a broadcast block to anyone when spark.authenticate is off (docs/security.md)."""
+        return ChannelKey("", self.encrypt)
+
+    def with_secret(self, secret: str) -> "ChannelKey":
+        return ChannelKey(secret, self.encrypt)
+
 
 @message
 class NodeInfo:

@@ -190,6 +190,7 @@ class NodeAgent:
         if code == 0 or cause is Cause.STOPPED:  # a failed node keeps its directory (logs) for debugging
             logging.shutdown()
             private.remove_tree(cfg.node_dir)
+            private.release_cluster_secret(os.path.dirname(cfg.node_dir))  # when no node of it is left here
         return 0
 
     def stop_tf_process(self) -> int | None:

@@ -59,6 +59,9 @@ class LocalHost:
         with self._lock:
             self._groups[threading.get_ident()] = group
 
+    def lend_secret(self, secret: str) -> None:
+        self.spark.lend_secret(secret)  # the feeding jobs are the real Spark's
+
     def cancel_job(self, group: str) -> None:
         with self._lock:
             self._cancelled.add(group)
@@ -81,7 +84,7 @@ class LocalHost:
     def barrier_stage(self, n: int, bootstrap):
         from tfos.cluster.executor.bootstrap import start_node
 
-        cluster, program = bootstrap.cluster, bootstrap.program
+        cluster, program = bootstrap.keyed(), bootstrap.program
         host = "127.0.0.1"  # the nodes reach each other and the driver on this host's loopback
 
         def action():

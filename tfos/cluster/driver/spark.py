@@ -18,7 +18,9 @@ import socket
 import threading
 import time
 
+from tfos.cluster.driver.security import SPARK_SECURITY
 from tfos.errors import ConfigError, ReservationTimeoutError
+from tfos.host.private import SECRET_PROPERTY
 from tfos.data.fs import spark_default_fs
 
 logger = logging.getLogger(__name__)
@@ -155,9 +157,11 @@ def check_advertised(address: ControlAddress, master: str, resolve=socket.gethos
 
 class SparkJob:
     """A Spark action running on its own thread in its own job group or tag (cancellable).
-    ``on_done(job)`` is called on that thread when the action ended, however it ended."""
+    ``on_done(job)`` is called on that thread when the action ended, however it ended; its tasks
+    get ``secret`` (if any) as a local property."""
 
-    def __init__(self, spark: "ClassicSpark | ConnectSpark", group: str, description: str, action, on_done=None):
+    def __init__(self, spark: "ClassicSpark | ConnectSpark", group: str, description: str, action, on_done=None,
+                 secret: str = ""):
         self.spark = spark
         self.group = group
         self.result = None
@@ -167,6 +171,8 @@ class SparkJob:
         def target():
             try:
                 spark.enter_job(group, description)
+                if secret:  # the feeding tasks' way to the cluster's secret (ClassicSpark.lend_secret)
+                    spark.lend_secret(secret)
                 self.result = action()
             except BaseException as e:  # handed to the waiting thread
                 self.error = e
@@ -234,12 +240,23 @@ class ClassicSpark:
     def enter_job(self, group: str, description: str) -> None:
         self.sc.setJobGroup(group, description, interruptOnCancel=True)
 
+    def lend_secret(self, secret: str) -> None:
+        """Make this thread's Spark jobs carry ``secret`` to their tasks as a local property: in the
+        task launch messages, never in a closure or block. The property's name is registered in the
+        SparkConf, whose keys Spark's event log redacts (a local property alone it writes as is)."""
+        conf = self.sc._jsc.sc().conf()
+        if not conf.contains(SECRET_PROPERTY):
+            conf.set(SECRET_PROPERTY, "(each tfos job's own, redacted)")
+        self.sc.setLocalProperty(SECRET_PROPERTY, secret)
+
     def cancel_job(self, group: str) -> None:
         self.sc.cancelJobGroup(group)
 
     def barrier_stage(self, n: int, bootstrap):
-        """The action that runs ``bootstrap`` as partition i of n barrier tasks; returns their lines."""
-        return lambda: self.sc.parallelize(range(n), n).barrier().mapPartitions(bootstrap).collect()
+        """The action that runs ``bootstrap`` as partition i of n barrier tasks; returns their lines.
+        Each partition holds the cluster's secret: it reaches the executor in the task launch
+        message, never in a block (bootstrap.Bootstrap)."""
+        return lambda: self.sc.parallelize(bootstrap.rows(n), n).barrier().mapPartitions(bootstrap).collect()
 
     def repeat(self, rdd, times: int):
         """An RDD fed ``times`` times in a row (DataFrames are repeated with unionAll by the feeder)."""
@@ -303,7 +320,7 @@ class ConnectSpark:
 
     def conf(self) -> dict:
         keys = ("spark.master", "spark.driver.host", "spark.driver.bindAddress", "spark.dynamicAllocation.enabled",
-                "spark.hadoop.fs.defaultFS")
+                "spark.hadoop.fs.defaultFS") + SPARK_SECURITY
         return {k: v for k in keys if (v := self.get(k)) is not None}
 
     @property
@@ -347,13 +364,20 @@ class ConnectSpark:
     def enter_job(self, group: str, description: str) -> None:
         self.session.addTag(group)  # the client's tags are per thread
 
+    def lend_secret(self, secret: str) -> None:
+        """Nothing: a Connect client sets no local property. Its feeding tasks read the secret that
+        a node left on their host (tfos.host.private.load_cluster_secret)."""
+
     def cancel_job(self, group: str) -> None:
         self.session.interruptTag(group)
 
     def barrier_stage(self, n: int, bootstrap):
         from tfos.cluster.executor.bootstrap import arrow_bootstrap
 
-        df = self.session.range(0, n, 1, n).mapInArrow(arrow_bootstrap(bootstrap), "status string", barrier=True)
+        # a local relation of n rows is n partitions of one row (up to the default parallelism, which a
+        # barrier stage of n tasks needs anyway): the secret reaches each task in its launch message
+        rows = self.session.createDataFrame([(s,) for s in bootstrap.rows(n)], "secret string")
+        df = rows.mapInArrow(arrow_bootstrap(bootstrap), "status string", barrier=True)
         return lambda: [r[0] for r in df.collect()]
 
     def quiet_console(self) -> None:

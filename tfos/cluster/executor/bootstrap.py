@@ -36,12 +36,43 @@ def node_dir_hint(cluster_id: str) -> str:
     return os.path.join(tempfile.gettempdir(), "tfos-<uid>", cluster_id, "node-<i>")
 
 
-def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
-    """Return the mapPartitions function of the reservation barrier stage."""
+class Bootstrap:
+    """The mapPartitions function of the reservation barrier stage.
 
-    def bootstrap(_iterator):
+    What Spark ships of it (the pickled closure, a broadcast block that any process reaching an
+    executor's or the driver's block manager can fetch while ``spark.authenticate`` is off) holds
+    no secret: the cluster's secret travels as the one value of each task's partition
+    (:meth:`rows`), which reaches the executor inside the task launch message only
+    (docs/security.md). ``cluster`` is the cluster's config without the secret; ``program`` is
+    ``(main_fun, tf_args, node_hooks)``."""
+
+    def __init__(self, cluster: M.ClusterConfig, program):
+        self.cluster = dataclasses.replace(cluster, key=cluster.key.without_secret())
+        self.program = tuple(program)
+        self._secret = cluster.key.secret  # on the driver only: never pickled (__getstate__)
+
+    def __getstate__(self):
+        return {"cluster": self.cluster, "program": self.program}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _secret="")
+
+    def rows(self, n: int) -> list[str]:
+        """The barrier stage's data: the secret, once per task (driver side)."""
+        return [self._secret] * n
+
+    def keyed(self) -> M.ClusterConfig:
+        """The cluster config with its secret, for stages that never leave this process (tests, local mode)."""
+        return dataclasses.replace(self.cluster, key=self.cluster.key.with_secret(self._secret))
+
+    def __call__(self, iterator):
         from pyspark import BarrierTaskContext
 
+        secrets = [s for s in iterator if s]
+        if not secrets:
+            raise ConfigError("the barrier task got no cluster secret in its partition (tfos's barrier stage "
+                              "runs over one row per task)")
+        cluster = dataclasses.replace(self.cluster, key=self.cluster.key.with_secret(secrets[0]))
         ctx = BarrierTaskContext.get()
         p = ctx.partitionId()
         hosts = [t.address.rsplit(":", 1)[0] if ":" in t.address else t.address for t in ctx.getTaskInfos()]
@@ -52,12 +83,12 @@ def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks):
             raise ConfigError(mismatch)
         res = ctx.resources()
         spark_gpus = tuple(res["gpu"].addresses) if "gpu" in res else ()
-        yield from start_node(cluster, (main_fun, tf_args, node_hooks), i, node_host, spark_gpus,
-                              processes.jvm_ancestor())
+        yield from start_node(cluster, self.program, i, node_host, spark_gpus, processes.jvm_ancestor())
 
-    bootstrap.cluster = cluster  # what the stage was made for (tfos.testing.fake_spark reads it)
-    bootstrap.program = (main_fun, tf_args, node_hooks)  # what local_mode runs without Spark (driver.local)
-    return bootstrap
+
+def make_bootstrap(cluster: M.ClusterConfig, main_fun, tf_args, node_hooks) -> Bootstrap:
+    """The barrier stage's function for ``cluster`` (see :class:`Bootstrap`)."""
+    return Bootstrap(cluster, (main_fun, tf_args, node_hooks))
 
 
 def start_node(cluster: M.ClusterConfig, program, i: int, node_host: str, spark_gpus=(), jvm_pid=None,
@@ -68,6 +99,7 @@ def start_node(cluster: M.ClusterConfig, program, i: int, node_host: str, spark_
     from pyspark import cloudpickle
 
     ndir = private.fresh_dir(private.private_dir(cluster.cluster_id), f"node-{i}")
+    private.store_cluster_secret(cluster.cluster_id, cluster.key.secret)  # for this host's feeding tasks
     fn_path = os.path.join(ndir, "main_fun.pkl")
     private.write_private_file(fn_path, cloudpickle.dumps(tuple(program)))
     job, task_index = cluster.roles[i]
@@ -90,14 +122,14 @@ def start_node(cluster: M.ClusterConfig, program, i: int, node_host: str, spark_
 
 def arrow_bootstrap(bootstrap):
     """``bootstrap`` as the function of ``mapInArrow(..., barrier=True)`` (Spark Connect, where no
-    RDD exists): it runs once per task, whatever the input rows, and yields its status line."""
+    RDD exists) over a DataFrame of :meth:`Bootstrap.rows` (column ``secret``): it runs once per
+    task and yields its status line."""
 
     def run(batches):
         import pyarrow as pa
 
-        for _ in batches:  # the one row of spark.range(n, numPartitions=n) carries nothing tfos needs
-            pass
-        for line in bootstrap(iter(())):
+        secrets = [s for b in batches for s in b.column("secret").to_pylist()]
+        for line in bootstrap(iter(secrets)):
             yield pa.RecordBatch.from_pydict({"status": [line]}, schema=pa.schema([("status", pa.string())]))
 
     return run

@@ -76,7 +76,7 @@ class FeedJobs:
         """Run ``action()`` (a Spark action) in its own job group; fail fast if a node fails meanwhile."""
         reg = self.registry
         job = SparkJob(self.spark, f"tfos-feed-{uuid.uuid4().hex[:8]}", description, action,
-                       on_done=lambda _job: reg.notify())
+                       on_done=lambda _job: reg.notify(), secret=self.cluster.key.secret)
         # no deadline of its own: every chunk the job sends is bounded by feed_timeout on the executor
         while True:
             reg.wait_until(lambda snap: job.done.is_set() or bool(snap.failures) or bool(snap.abort_reason), None,
@@ -208,6 +208,7 @@ class FeedJobs:
         if not is_dataframe(data) and self.spark.connect:
             raise_no_rdd("inference() with an RDD")
         cfg = self.feed_config(qname, feed_timeout, chunk_rows)
+        self.spark.lend_secret(cfg.key.secret)  # the caller's thread runs the lazy result's jobs
         if not is_dataframe(data):
             return data.mapPartitionsWithIndex(make_inference_feeder(cfg, arrow_input=False))
         if output_type is None:

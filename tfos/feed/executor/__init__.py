@@ -1,2 +1,2 @@
-"""The feed's executor side: the feeding Spark task (``producer``). Never imports TensorFlow or
-driver modules."""
+"""The feed's executor side: the feeding Spark task (``producer``) and how it gets the cluster's
+secret (``credentials``). Never imports TensorFlow or driver modules."""

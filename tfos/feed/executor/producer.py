@@ -21,6 +21,7 @@ from tfos.data import positions
 from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, RequestRefused, TFOSError
 from tfos.wire import arrow
 from tfos.wire import messages as M
+from tfos.feed.executor.credentials import closure_config, task_config
 from tfos.wire.clients import DriverClient, FeedClient
 
 logger = logging.getLogger(__name__)
@@ -249,9 +250,11 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool, epoch: int = -1, ski
     gives (rows sent, rows in its partition or -1 when it stopped early). With ``epoch`` >= 0 (a
     feed that may be resumed) every piece says where its rows come from, and the rows of
     ``skip`` (``{partition: ranges}``) are left out: a checkpoint has them already."""
+    sealed = closure_config(cfg)  # the function below must never see the caller's cfg
 
     def feed(partition: int, iterator) -> tuple[int, int]:
         _guard_retry(f"feeding partition {partition}")
+        cfg = task_config(sealed)
         chunks = arrow_to_chunks(iterator, cfg.chunk_rows) if arrow_input else \
             rows_to_chunks(iterator, partition, cfg.chunk_rows)
         chunks = Positioned(chunks, (skip or {}).get(partition, ()))
@@ -395,11 +398,13 @@ def make_inference_feeder(cfg: M.FeedConfig, arrow_input: bool, result_column: s
                           result_arrow_type=None):
     """mapPartitionsWithIndex function yielding one result per row (RDDs), or mapInArrow function
     yielding the input rows plus ``result_column`` of ``result_arrow_type`` (DataFrames)."""
+    sealed = closure_config(cfg)  # the functions below must never see the caller's cfg
 
     if arrow_input:
         def infer_arrow(batches):
             """Stream: each results batch is joined with the input rows it answers, so memory holds
             only the rows in flight, not the whole partition."""
+            cfg = task_config(sealed)
             inputs: collections.deque = collections.deque()  # sent, not yet answered (sender thread appends)
             offset = 0
 
@@ -429,6 +434,7 @@ def make_inference_feeder(cfg: M.FeedConfig, arrow_input: bool, result_column: s
         return infer_arrow
 
     def infer_rows(partition, iterator):
+        cfg = task_config(sealed)
         for batch in _infer(cfg, partition, rows_to_chunks(iterator, partition, cfg.chunk_rows)):
             yield from arrow.batch_to_results(batch)
     return infer_rows

@@ -178,7 +178,8 @@ class TFCluster:
         protect (Horovod, NCCL, RDMA) is refused unless ``allow_unprotected=True``, which also silences
         the warning about hosts that give no private network namespace.
         ``tensorboard_host`` (default 127.0.0.1): where TensorBoard listens; name an address of the
-        driver to show it to other machines (it has no authentication).
+        driver to show it to other machines. It has no authentication: every user of the driver's
+        host can read it even on loopback (docs/security.md says how to keep it to yourself).
 
         ``gpus_per_node``: how many of the GPUs Spark assigned its task each node uses (a count for
         all, or one per node; 0 hides them, None uses all; reducers use none and take no place in
@@ -233,9 +234,11 @@ class TFCluster:
             raise ConfigError(f"num_reducers needs backend='mwms' (keras_dist or MWMS all-reducing through the "
                               f"reducers); backend {backend_obj.name!r} does not all-reduce through them: set "
                               "num_reducers=0")
-        encrypted, note = security.encryption(encrypt, spark.conf())
-        if note:
-            logger.warning("tfos: %s", note)
+        spark_conf = spark.conf()
+        encrypted, note = security.encryption(encrypt, spark_conf)
+        for warning in (note, security.spark_rpc_exposure(spark_conf, encrypted)):
+            if warning:
+                logger.warning("tfos: %s", warning)
         refused, accepted = security.refusal(backend_obj.unprotected(num_gpus), encrypted, bool(allow_unprotected))
         if refused:
             raise ConfigError(refused)

@@ -28,13 +28,20 @@ def report(host="h1", **changes):
 DRIVER = dict(report("driver"), java_version='openjdk version "17.0.9"')
 
 
+SECURED = {"spark.authenticate": "true", "spark.network.crypto.enabled": "true"}
+
+
 def findings(executors, driver=DRIVER, conf=None, environ=None):
-    return {f.check: f for f in judge(driver, executors, conf or {}, environ or {}, "10.0.0.1:40000")}
+    """The doctor's findings, by check; ``conf`` defaults to a Spark that secures its RPC."""
+    conf = SECURED if conf is None else conf
+    return {f.check: f for f in judge(driver, executors, conf, environ or {}, "10.0.0.1:40000")}
 
 
 def test_a_healthy_cluster_has_no_failure():
-    got = findings([report("h1"), report("h2")])
+    got = findings([report("h1"), report("h2")], conf=SECURED)
     assert {f.status for f in got.values()} == {OK}, table(list(got.values()))
+    defaults = findings([report("h1"), report("h2")], conf={})  # Spark's defaults: one warning, about its RPC
+    assert [f.check for f in defaults.values() if f.status != OK] == ["spark rpc"]
     assert "2 task(s) reported from 2 host(s)" in got["executors"].detail
 
 
@@ -75,6 +82,18 @@ def test_hdfs_plugin_matters_only_with_hdfs():
 def test_encryption_says_what_tfos_does_with_sparks_settings():
     got = findings([report()], conf={"spark.authenticate": "true"})["encryption"]
     assert got.status == OK and "spark.authenticate" in got.detail and "encrypt=False" in got.detail
+
+
+@pytest.mark.parametrize("conf,status", [
+    ({}, WARN),
+    ({"spark.authenticate": "true"}, WARN),
+    ({"spark.authenticate": "true", "spark.network.crypto.enabled": "true"}, OK),
+])
+def test_the_doctor_says_whether_sparks_rpc_keeps_the_secret(conf, status):
+    got = findings([report()], conf=conf)["spark rpc"]
+    assert got.status == status
+    if status == WARN:
+        assert "launch messages" in got.detail and got.fix == "spark.authenticate=true with spark.network.crypto.enabled=true"
 
 
 def test_driver_side_java_hadoop_and_kerberos():

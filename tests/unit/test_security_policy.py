@@ -27,6 +27,26 @@ def test_encryption_follows_the_argument_and_says_when_spark_is_secured_but_tfos
         assert "encrypt=False although Spark secures" in note
 
 
+AUTH, CRYPTO = "spark.authenticate", "spark.network.crypto.enabled"
+
+
+@pytest.mark.parametrize("conf,encrypt,said", [
+    ({}, True, "takes any peer"),  # Spark's defaults
+    ({AUTH: "false", CRYPTO: "true"}, True, "takes any peer"),  # crypto without auth is not auth
+    ({AUTH: "true"}, True, "authenticates its RPC but sends it in clear"),
+    ({AUTH: "true", CRYPTO: "true"}, True, ""),
+    ({AUTH: "true", "spark.ssl.rpc.enabled": "true"}, True, ""),
+    ({AUTH: "true", "spark.ssl.enabled": "true"}, True, ""),
+    ({}, False, ""),  # a clear cluster claims nothing
+])
+def test_what_sparks_rpc_leaves_open_of_the_secret(conf, encrypt, said):
+    got = security.spark_rpc_exposure(conf, encrypt)
+    assert (said in got) if said else got == ""
+    if said:
+        assert got.endswith(f"Set {security.SPARK_RPC_FIX} for the Spark application to close this")
+        assert "launch messages" in got
+
+
 def test_encryption_by_default_even_without_spark_security():
     assert security.ENCRYPT_BY_DEFAULT is True and security.encryption(None, {"spark.authenticate": "false"})[0]
 

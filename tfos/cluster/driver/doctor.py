@@ -148,6 +148,10 @@ def judge(driver: dict, executors: list[dict], conf: dict, environ: dict, addres
     out.append(Finding("encryption", OK, (f"Spark secures its RPC ({', '.join(secured)}); " if secured else "")
                        + ("tfos encrypts every channel, TensorFlow's and Gloo's included (reserve(encrypt=False) "
                           "turns it off)" if encrypt else "tfos channels in clear")))
+    open_rpc = security.spark_rpc_exposure(conf, encrypt)
+    out.append(Finding("spark rpc", WARN, open_rpc, security.SPARK_RPC_FIX) if open_rpc else
+               Finding("spark rpc", OK, "Spark authenticates and encrypts its RPC, which carries the cluster's secret "
+                       "to the barrier tasks" if encrypt else "tfos channels in clear: no secret to protect"))
 
     # Java, Hadoop and Kerberos on the driver
     if not driver["java"]:

@@ -5,6 +5,8 @@
   carried by the node tunnels), from the argument and Spark's own security settings.
 * :func:`refusal`: with encryption on, a backend whose traffic tfos cannot protect (Horovod's own
   collectives, NCCL) is refused unless the user accepts it.
+* :func:`spark_rpc_exposure`: what Spark's own RPC, which carries the cluster's secret to the
+  barrier tasks, leaves open under the application's settings; said once at start and by the doctor.
 * :func:`exposure`: hosts that gave a node no private network namespace, said once at start.
 * :func:`plain_http_elsewhere`: an MLflow tracking server reached in clear over the network.
 """
@@ -44,6 +46,33 @@ def encryption(encrypt: bool | None, conf: Mapping[str, str | None]) -> tuple[bo
                        "channels (fed rows, results, control) and TensorFlow's and Gloo's traffic go in clear and "
                        "TensorFlow's servers accept any client")
     return encrypt, ""
+
+
+#: Spark's settings that make its RPC, and so the barrier tasks' launch messages, safe to carry the secret
+SPARK_RPC_FIX = "spark.authenticate=true with spark.network.crypto.enabled=true"
+
+
+def spark_rpc_exposure(conf: Mapping[str, str | None], encrypt: bool) -> str:
+    """What an encrypted cluster's secret is still open to, in one sentence ("" for nothing). tfos
+    keeps the secret out of every closure and block Spark serves (docs/security.md); it reaches the
+    barrier tasks inside their launch messages, on Spark's RPC, which is as safe as Spark's own
+    settings make it."""
+    if not encrypt:
+        return ""
+    secured = set(spark_secured(conf))
+    wire = bool(secured & {"spark.network.crypto.enabled", "spark.ssl.enabled", "spark.ssl.rpc.enabled"})
+    if "spark.authenticate" in secured and wire:
+        return ""
+    if "spark.authenticate" in secured:
+        what = ("Spark authenticates its RPC but sends it in clear, so someone on the network path between the "
+                "driver and the executors")
+    else:
+        what = ("Spark's RPC takes any peer and sends in clear (spark.authenticate is off, Spark's default), so "
+                "someone on the network path between the driver and the executors, or a process posing as an "
+                "executor,")
+    return (f"{what} can read the cluster's secret in the barrier tasks' launch messages and then join the "
+            f"cluster's channels; tfos keeps the secret out of every closure and block Spark serves. Set "
+            f"{SPARK_RPC_FIX} for the Spark application to close this")
 
 
 def refusal(unprotected: Sequence[str], encrypt: bool, allow_unprotected: bool) -> tuple[str | None, str]:

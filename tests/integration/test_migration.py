@@ -180,6 +180,34 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+def held_port_then_mwms(_args, ctx):
+    """TensorFlowOnSpark's test_port_unreleased: with release_port=False main_fun holds TF's port as
+    ctx.tmp_socket until it releases it; then TF's server takes that port (one MWMS all-reduce)."""
+    import json
+
+    import tensorflow as tf
+
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    me = tf_config["cluster"][tf_config["task"]["type"]][tf_config["task"]["index"]]
+    held = ctx.tmp_socket
+    on_tf_port = held is not None and held.getsockname()[1] == int(me.rsplit(":", 1)[1])
+    ctx.release_port()
+    strategy = ctx.strategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    ctx.report(on_tf_port=on_tf_port, released=ctx.tmp_socket is None, total=float(total))
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_release_port_false_gives_tf_port_as_tmp_socket(sc, encrypt):
+    """Issue 51 item 4: ctx.tmp_socket is TF's own port, held, in an encrypted cluster (in the node's
+    private network) as in a clear one; released, TF serves on it."""
+    cluster = TFCluster.run(sc, held_port_then_mwms, None, 2, 0, release_port=False, encrypt=encrypt,
+                            report_interval=0.1)
+    cluster.shutdown(timeout=120)
+    metrics = list(cluster.metrics().values())
+    assert len(metrics) == 2 and all(m["on_tf_port"] and m["released"] and m["total"] == 2.0 for m in metrics), metrics
+
+
 def stream_trainer(args, ctx):
     """One DataFeed per micro-batch, until the feed ends because the cluster shuts down."""
     import json

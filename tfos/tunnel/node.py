@@ -32,6 +32,21 @@ def require_shim() -> None:
                           "Do not set LD_PRELOAD in reserve(env=...) over tfos's, or pass encrypt=False")
 
 
+def hold_tf_port(info: M.TunnelInfo) -> socket.socket:
+    """TF's port at the node's private address, bound and listening for ``ctx.tmp_socket``
+    (``release_port=False``): the shim puts it where TF's own server will listen, so it is the
+    port TF_CONFIG names, held until ``ctx.release_port()``."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((info.address, info.tf_port))
+        s.listen(1)
+    except OSError as e:
+        s.close()
+        raise TFOSError(f"could not hold TF's port {info.address}:{info.tf_port} in the node's private network "
+                        f"for ctx.tmp_socket ({e}); reserve(release_port=True) leaves it to TF") from None
+    return s
+
+
 def request(control: str, line: str, timeout: float = 10.0) -> None:
     """Send one control request to the tunnel; TFOSError with its answer unless it says yes."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -86,7 +86,8 @@ def run_node(cfg: M.NodeConfig) -> int:
     tunnel = cfg.tunnel
     if tunnel is not None:  # TF and Gloo live in the node's private network: refuse to run if they would not
         tunnel_node.require_shim()
-        held = None  # TF's port is in the private network, where nothing else listens
+        # TF's port is in the private network, where nothing else listens: held only for ctx.tmp_socket
+        held = None if c.release_port else tunnel_node.hold_tf_port(tunnel)
     else:
         held = claims.reserve_tf_port(os.getpid())
     control.publish(cfg)  # for the code main_fun runs (Gloo's rendezvous through the driver, run_script)

@@ -3,10 +3,12 @@ what a capture of a job's ports holds clear and encrypted, and what a process wi
 can reach of an encrypted MWMS cluster."""
 
 import os
+import secrets
 import socket
 
 import pytest
 
+from spark_blocks import holds_secret, jvm_listeners, plaintext, quiet_block_errors, read_slowly, row_text, steal
 from spark_secured_capture import MARK, ROWS, count_marked, feed_marked, job_ports  # 16-byte markers, 4 per row
 from tfos import InputMode
 
@@ -121,3 +123,49 @@ def test_under_sparks_own_encryption_the_marked_feed_leaves_no_copy_on_the_wire(
     assert out["clear"]["encrypted"] is False and out["clear"]["copies"] >= 4 * ROWS, out
     assert out["default"]["encrypted"] is True and out["default"]["copies"] == 0, out
     assert any("encrypt=False although Spark secures its own traffic" in w for w in out["warnings"]), out["warnings"]
+    stolen = out["default"]["attack"]  # issue 53's attacker, with Spark's auth on: every port refuses it
+    print(f"under Spark's auth, another user's block requests: {stolen}")
+    assert stolen["ports"] >= 3 and stolen["refused"] == stolen["ports"], stolen
+    assert stolen["blocks"] == 0 and not stolen["canary"] and not stolen["secret"], stolen
+    assert not any("launch messages" in w for w in out["warnings"]), out["warnings"]  # Spark's RPC is safe here
+    # the feeding jobs' local property is in Spark's event log, redacted (its name is in the SparkConf)
+    assert out["eventlog"]["bytes"] > 0 and out["eventlog"]["redacted"] and not out["eventlog"]["secret"], out["eventlog"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the attacker runs as another user (uid 65534)")
+def test_another_user_fetching_every_spark_block_finds_no_secret_and_no_fed_row(tfos_cluster, sc):
+    """Issue 53's attack on Spark's defaults (spark.authenticate off): while a feed runs, another
+    user asks every port of the application's JVMs for every broadcast block (Spark's block-transfer
+    protocol, as an executor fetches a task's closure). It gets blocks: a broadcast of our own, the
+    control, and the running feeding job's closure. None holds the cluster's secret or a fed row:
+    the secret reaches the tasks in their launch messages and a host-private file, never in a
+    closure (what the closures pickle to: tests/unit/test_closure_secrets.py). Spark's auth on:
+    tests/spark_secured_capture.py; from another host: tests/multihost/test_outsiders.py."""
+    import threading
+
+    from tfos.testing import wait_for
+
+    canary = secrets.token_hex(16)
+    control = sc.broadcast(canary)  # held to the end: Spark drops a broadcast nothing refers to
+    first = control._jbroadcast.id()  # the probe scans the ids from here on
+    rdd = sc.parallelize(range(ROWS), 4).map(lambda i: (row_text(i), i))
+    cluster = tfos_cluster(2, 0, input_mode=InputMode.SPARK, report_interval=0.1)
+    cluster.start(read_slowly, None)
+    targets = jvm_listeners(sc)
+    feeding = threading.Thread(target=cluster.train, args=(rdd,), kwargs={"chunk_rows": 10, "uneven": None})
+    feeding.start()
+    assert wait_for(lambda: sum(m.get("rows", 0) for m in cluster.metrics().values()) > 0, 60)
+    with quiet_block_errors(sc):
+        answer = steal(targets, first, 64)  # while the feeding job runs (Spark drops a job's blocks after it)
+    feeding.join(120)
+    secret = cluster.config.key.secret
+    cluster.shutdown(timeout=120)
+    control.destroy()
+    assert sum(m["rows"] for m in cluster.metrics().values()) == ROWS
+    text = plaintext(answer)
+    fetched = sorted({(b["port"], b["block"]) for b in answer["blocks"]})
+    print(f"{len(targets)} ports, app {answer['app_id']}: {len(fetched)} blocks fetched: {fetched}")
+    assert canary.encode() in text, answer["errors"]  # the probe reads what Spark serves
+    assert {b for _, b in fetched} - {f"broadcast_{first}", f"broadcast_{first}_piece0"}, fetched  # the feed's
+    assert not holds_secret(text, secret), fetched
+    assert not any(row_text(i).encode() in text for i in range(ROWS))

@@ -5,12 +5,16 @@ bytes to every listener. A clear cluster is the control: there the same probe ru
 inside the job's TF process. Encrypted (the default), nothing gets in, and the job works."""
 
 import os
+import secrets
 import subprocess
+import threading
 import time
 
 import pytest
 
 import outsider
+from hosts import DRIVER_ADDRESS
+from spark_blocks import holds_secret, jvm_listeners, plaintext, quiet_block_errors, read_slowly, row_text, steal
 from tfos import InputMode, TFCluster
 from tfos.testing import wait_for
 
@@ -44,6 +48,12 @@ def _listening(host) -> set[int]:
     out = subprocess.run(host.exec_args("ss", "-Htlnp"), capture_output=True, text=True, timeout=30).stdout
     return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines()
             if line.strip() and '"java"' not in line}
+
+
+def _java_listening(host) -> set[int]:
+    """The Spark JVMs' ports in ``host``'s namespace (its worker and executor)."""
+    out = subprocess.run(host.exec_args("ss", "-Htlnp"), capture_output=True, text=True, timeout=30).stdout
+    return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if '"java"' in line}
 
 
 def _job_of(cluster, address):
@@ -116,3 +126,42 @@ def test_no_outsider_reaches_the_servers_of_an_encrypted_parameter_server_cluste
     finally:
         done.touch()
         cluster.shutdown(timeout=120)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the attacker runs as another user (uid 65534)")
+def test_from_another_host_every_spark_block_holds_no_secret_and_no_fed_row(mh_sc, hosts):
+    """Issue 53's attack across hosts, on Spark's defaults: a 2-node cluster is fed from all three
+    executors (the node-less one gets the secret as a local property of its tasks), and meanwhile
+    another user on the third host asks every Spark JVM port of the other hosts and of the driver for
+    every broadcast block. It gets the control broadcast and the feeding job's closure; no block
+    holds the cluster's secret or a fed row."""
+    canary = secrets.token_hex(16)
+    control = mh_sc.broadcast(canary)
+    first = control._jbroadcast.id()
+    rows = 2000
+    rdd = mh_sc.parallelize(range(rows), 6).map(lambda i: (row_text(i), i))
+    cluster = TFCluster.run(mh_sc, read_slowly, None, 2, 0, input_mode=InputMode.SPARK, master_node="chief",
+                            report_interval=0.1)
+    try:
+        node_hosts = {n["host"] for n in cluster.nodes}
+        attacker = next(h for h in hosts.hosts if h.address not in node_hosts)
+        targets = [(DRIVER_ADDRESS, port) for _, port in jvm_listeners(mh_sc)]
+        targets += [(h.address, port) for h in hosts.hosts if h is not attacker for port in sorted(_java_listening(h))]
+        feeding = threading.Thread(target=cluster.train, args=(rdd,), kwargs={"chunk_rows": 10, "uneven": None})
+        feeding.start()
+        assert wait_for(lambda: sum(m.get("rows", 0) for m in cluster.metrics().values()) > 0, 120)
+        with quiet_block_errors(mh_sc):
+            answer = steal(targets, first, 64, namespace=attacker.netns)
+        feeding.join(300)
+        secret = cluster.config.key.secret
+    finally:
+        cluster.shutdown(timeout=120)
+        control.destroy()
+    assert sum(m["rows"] for m in cluster.metrics().values()) == rows
+    text = plaintext(answer)
+    fetched = sorted({(b["port"], b["block"]) for b in answer["blocks"]})
+    print(f"from {attacker.address}: {len(targets)} ports, {len(fetched)} blocks fetched: {fetched}")
+    assert canary.encode() in text, answer["errors"]
+    assert {b for _, b in fetched} - {f"broadcast_{first}", f"broadcast_{first}_piece0"}, fetched
+    assert not holds_secret(text, secret), fetched
+    assert not any(row_text(i).encode() in text for i in range(rows))

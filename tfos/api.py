@@ -40,6 +40,7 @@ from tfos.topology import InputMode
 from tfos.wire import messages as M
 
 logger = logging.getLogger(__name__)
+_SAID: set = set()  # warnings said once per process (what Spark's RPC leaves open)
 
 
 class TFCluster:
@@ -236,9 +237,12 @@ class TFCluster:
                               "num_reducers=0")
         spark_conf = spark.conf()
         encrypted, note = security.encryption(encrypt, spark_conf)
-        for warning in (note, security.spark_rpc_exposure(spark_conf, encrypted)):
-            if warning:
-                logger.warning("tfos: %s", warning)
+        if note:
+            logger.warning("tfos: %s", note)
+        exposure = security.spark_rpc_exposure(spark_conf, encrypted)
+        if exposure:  # once per process: a notebook starting cluster after cluster hears it once
+            (logger.info if exposure in _SAID else logger.warning)("tfos: %s", exposure)
+            _SAID.add(exposure)
         refused, accepted = security.refusal(backend_obj.unprotected(num_gpus), encrypted, bool(allow_unprotected))
         if refused:
             raise ConfigError(refused)

@@ -361,3 +361,22 @@ def test_dynamic_allocation_is_refused_before_any_job_starts():
     with pytest.raises(ConfigError, match="spark.dynamicAllocation.enabled=false"):
         TFCluster.reserve(spark, 2)
     assert spark.started == []
+
+
+def test_what_sparks_rpc_leaves_open_is_warned_once_per_process(caplog, monkeypatch):
+    """Issue 53: with Spark's defaults (FakeSpark's empty conf) the secret travels in launch messages
+    Spark sends in clear; the first reserve() of the process warns, later ones say it at INFO."""
+    import logging
+
+    import tfos.api
+
+    monkeypatch.setattr(tfos.api, "_SAID", set())
+    levels = []
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tfos.api"):
+            cluster = run(FakeSpark())
+        cluster.shutdown()
+        levels.append([r.levelno for r in caplog.records if "launch messages" in r.getMessage()])
+    assert levels == [[logging.WARNING], [logging.INFO]]
+    assert "spark.authenticate=true with spark.network.crypto.enabled=true" in tfos.api._SAID.pop()

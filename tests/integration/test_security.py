@@ -5,6 +5,7 @@ can reach of an encrypted MWMS cluster."""
 import os
 import secrets
 import socket
+import time
 
 import pytest
 
@@ -169,3 +170,56 @@ def test_another_user_fetching_every_spark_block_finds_no_secret_and_no_fed_row(
     assert {b for _, b in fetched} - {f"broadcast_{first}", f"broadcast_{first}_piece0"}, fetched  # the feed's
     assert not holds_secret(text, secret), fetched
     assert not any(row_text(i).encode() in text for i in range(ROWS))
+
+
+def reduce_while_probed(files, ctx):
+    """MWMS all-reduces for several seconds once ``go_file`` appears (while strangers' TF clients try
+    the node's ports), then stay up until ``done_file`` appears."""
+    import time
+
+    import tensorflow as tf
+
+    go_file, done_file = files
+    strategy = ctx.strategy()
+    while not os.path.exists(go_file):
+        time.sleep(0.1)
+    totals = []
+    end = time.monotonic() + 12
+    while time.monotonic() < end:
+        totals.append(float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)))
+        time.sleep(0.05)
+    ctx.report(steps=len(totals), right=all(t == 2.0 for t in totals))
+    while not os.path.exists(done_file):
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the probes run as another user (uid 65534)")
+def test_strangers_tf_clients_during_collectives_leave_every_node_to_finish_cleanly(tfos_cluster, tmp_path):
+    """Issue 53 item 3: a TF eager client that reaches a TF server creates a context there, which
+    replaces the server's collective state under a collective in flight (in a clear cluster node 0
+    then dies of SIGSEGV in collective_reduce_v2: docs/security.md). In an encrypted cluster the
+    same clients, as another user, against every tunnel port and TF address while the ranks
+    all-reduce, are refused before TF reads a byte: every step sums right and shutdown() is clean."""
+    import threading
+
+    import outsider
+    from tfos.testing import wait_for
+
+    go, done = tmp_path / "go", tmp_path / "done"
+    cluster = tfos_cluster(2, 0, report_interval=0.2)
+    cluster.start(reduce_while_probed, (str(go), str(done)))
+    assert wait_for(lambda: len(cluster.nodes) == 2, 120)
+    targets = [f"127.0.0.1:{n['tunnel_port']}" for n in cluster.nodes] + \
+        [a for addrs in cluster.cluster_spec.values() for a in addrs]
+    probes = [outsider.eager(t, other_user=True) for t in targets]
+    results = []
+    probing = threading.Thread(target=lambda: results.extend(outsider.run_all(probes, window=15)))
+    probing.start()
+    time.sleep(8)  # the probes load TensorFlow, then try for 15 s: the all-reduces run meanwhile
+    go.touch()
+    probing.join(300)
+    assert wait_for(lambda: all("steps" in m for m in cluster.metrics().values()) and len(cluster.metrics()) == 2, 120)
+    done.touch()
+    cluster.shutdown(timeout=120)  # raises NodeFailedError had a node died (signal 11)
+    assert len(results) == 4 and all(r["loaded"] for r in results) and not any(r["ran"] for r in results), results
+    assert all(m["right"] and m["steps"] > 10 for m in cluster.metrics().values()), cluster.metrics()

@@ -138,37 +138,32 @@ def steal(targets, first: int, count: int, namespace: str | None = None, timeout
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _lz4_length(src: bytes, i: int, n: int) -> tuple[int, int]:
+    """An LZ4 length whose 4-bit part is ``n``: 15 continues in bytes up to one below 255."""
+    if n == 15:
+        while True:
+            b = src[i]
+            i += 1
+            n += b
+            if b != 255:
+                break
+    return n, i
+
+
 def lz4_block(src: bytes, size: int) -> bytes:
     """One LZ4 block (the raw format, no frame) decompressed to ``size`` bytes."""
     out = bytearray()
     i = 0
     while i < len(src):
         token = src[i]
-        i += 1
-        n = token >> 4
-        if n == 15:
-            while True:
-                b = src[i]
-                i += 1
-                n += b
-                if b != 255:
-                    break
+        n, i = _lz4_length(src, i + 1, token >> 4)
         out += src[i:i + n]
         i += n
         if i >= len(src):
             break
         offset = src[i] | src[i + 1] << 8
-        i += 2
-        m = token & 15
-        if m == 15:
-            while True:
-                b = src[i]
-                i += 1
-                m += b
-                if b != 255:
-                    break
-        m += 4
-        for _ in range(m):  # overlapping copies repeat bytes, so byte by byte
+        m, i = _lz4_length(src, i + 2, token & 15)
+        for _ in range(m + 4):  # overlapping copies repeat bytes, so byte by byte
             out.append(out[-offset])
     return bytes(out[:size])
 
@@ -198,6 +193,19 @@ def plaintext(answer: dict) -> bytes:
         data = base64.b64decode(b["data"])
         parts += [data, lz4_streams(data)]
     return b"\n".join(parts)
+
+
+def found_nothing(answer: dict, canary: str, first: int, secret: str, rows) -> list:
+    """Assert the probe read what Spark serves (the ``canary`` broadcast, id ``first``, and a
+    broadcast of tfos's, the running feed's closure) and found neither ``secret`` nor any of the
+    ``rows`` texts; the (port, block) pairs it fetched."""
+    text = plaintext(answer)
+    fetched = sorted({(b["port"], b["block"]) for b in answer["blocks"]})
+    assert canary.encode() in text, answer["errors"]
+    assert {b for _, b in fetched} - {f"broadcast_{first}", f"broadcast_{first}_piece0"}, fetched
+    assert not holds_secret(text, secret), fetched
+    assert not any(r.encode() in text for r in rows)
+    return fetched
 
 
 def holds_secret(text: bytes, secret_hex: str) -> bool:

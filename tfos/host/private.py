@@ -130,25 +130,32 @@ def store_cluster_secret(cluster_id: str, secret: str) -> None:
     os.replace(tmp, os.path.join(directory, SECRET_FILE))
 
 
+def read_private_file(path: str, limit: int = -1) -> bytes:
+    """Up to ``limit`` bytes of ``path``, which must be a regular file of this user with no group or
+    other permission: opened without following a symlink, checked with fstat (no race with a
+    swap). UnsafeDirectoryError when it is not private; the open's OSError (FileNotFoundError,
+    ELOOP for a symlink) passes through."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            raise UnsafeDirectoryError(f"{path} is not a private file of this user (uid {st.st_uid}, mode "
+                                       f"{stat.S_IMODE(st.st_mode):o}); tfos will not use it: remove it")
+        return f.read(limit)
+
+
 def load_cluster_secret(cluster_id: str) -> str | None:
-    """The secret a node of the cluster left on this host, or None when none did. The file must be
-    this user's own, 0600 or stricter, and no symlink (like every private file)."""
+    """The secret a node of the cluster left on this host, or None when none did (a private file:
+    :func:`read_private_file`)."""
     base = os.path.join(tempfile.gettempdir(), f"tfos-{os.getuid()}")
     if not os.path.isdir(os.path.join(base, cluster_id)):
         return None
     path = os.path.join(private_dir(cluster_id, create=False), SECRET_FILE)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        return read_private_file(path, 256).decode()
     except FileNotFoundError:
         return None
     except OSError as e:
         raise UnsafeDirectoryError(f"{path} cannot be read as tfos's cluster secret ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077 or not stat.S_ISREG(st.st_mode):
-            raise UnsafeDirectoryError(f"{path} is not a private file of this user (uid {st.st_uid}, mode "
-                                       f"{stat.S_IMODE(st.st_mode):o}); tfos will not use it: remove it")
-        return f.read(256).decode()
 
 
 def release_cluster_secret(cluster_dir: str) -> None:

@@ -8,10 +8,9 @@ file or link is refused."""
 from __future__ import annotations
 
 import os
-import stat
 
 from tfos.errors import TFOSError
-from tfos.host.private import write_private_file
+from tfos.host.private import UnsafeDirectoryError, read_private_file, write_private_file
 from tfos.wire import messages as M
 
 ENV = "TFOS_NODE_CONFIG"
@@ -32,14 +31,11 @@ def node_config() -> M.NodeConfig | None:
     if not path:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        cfg = M.decode(read_private_file(path))
+    except UnsafeDirectoryError:
+        raise TFOSError(f"{ENV}={path} is not a private file of this user; refusing it") from None
     except OSError as e:
         raise TFOSError(f"{ENV}={path} cannot be read ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-            raise TFOSError(f"{ENV}={path} is not a private file of this user; refusing it")
-        cfg = M.decode(f.read())
     if not isinstance(cfg, M.NodeConfig):
         raise TFOSError(f"{ENV}={path} does not hold a node configuration")
     return cfg

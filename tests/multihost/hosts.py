@@ -359,7 +359,10 @@ class Hosts:
             _ip("link", "del", h.veth_bridge, check=False)
             _ip("netns", "del", h.netns, check=False)
         _ip("link", "del", self.bridge, check=False)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if os.environ.get("TFOS_KEEP_HOSTS_DIR"):  # to read the workers' and executors' logs after a run
+            logging.getLogger(__name__).warning("kept the hosts' logs in %s", self.dir)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def wait_executors(sc, n: int, timeout: float = 120.0) -> None:

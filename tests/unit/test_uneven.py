@@ -95,6 +95,52 @@ def test_rows_sent_to_level_that_come_after_the_end_and_the_shutdown_are_still_r
     assert sorted(v for _s, vs in results.values() for v in vs) == list(range(300))
 
 
+def test_an_inference_that_starts_while_levelled_rows_are_on_their_way_is_answered(monkeypatch):
+    """train() returns once every node has its rows queued, so inference rows may reach a node
+    before the rows another node sends it to level the shares: the train reader takes the
+    levelled rows and ends, and leaves every inference row (and each partition's end) to the
+    inference reader."""
+    from tfos.feed.executor.producer import make_inference_feeder
+
+    send = FeedHub.send_rows
+    monkeypatch.setattr(FeedHub, "send_rows", lambda self, *a: threading.Timer(1.0, send, (self, *a)).start())
+    fp = FeedPath(2)
+    answers, failures = {}, []
+
+    def infer(train_cfg):  # 4 partitions of 10 rows, two per node, all at once
+        cfg = M.FeedConfig("c", train_cfg.key, "127.0.0.1", train_cfg.driver_port, "inf", "input", 10.0,
+                           train_cfg.feed_nodes, train_cfg.feed_addresses)
+        feeder = make_inference_feeder(cfg, False)
+
+        def task(p):
+            try:
+                answers[p] = list(feeder(p, iter([(1000 + 10 * p + k, 0.0) for k in range(10)])))
+            except BaseException as e:  # the test reads them
+                failures.append((p, e))
+        tasks = [threading.Thread(target=task, args=(p,), daemon=True) for p in range(4)]
+        for t in tasks:
+            t.start()
+        for t in tasks:
+            t.join(20)
+
+    def consume(rank, feed):
+        trained = _steps_with_a_collective(barrier, lambda f: f.batches(50))(rank, feed)
+        answering = DataFeed(fp.hubs[rank], train_mode=False)
+        for ids, _value in answering.batches(64):
+            answering.batch_results(ids * 2)
+        return trained
+
+    try:
+        barrier = threading.Barrier(2, timeout=15)
+        results, errors, levelled = fp.run(_partitions([60] * 5), consume, shutdown=True, then=infer)
+    finally:
+        fp.close()
+    assert not errors and not failures and not fp.task_errors, (errors, failures, fp.task_errors)
+    assert levelled == {0: 150, 1: 150} and [sizes for sizes, _ in results.values()] == [[50, 50, 50]] * 2
+    assert {p: [int(a) for a in got] for p, got in answers.items()} == {
+        p: [2 * (1000 + 10 * p + k) for k in range(10)] for p in range(4)}
+
+
 @pytest.mark.parametrize("totals,moves", [
     ({0: 10, 1: 10}, ()),
     ({0: 11, 1: 10}, ()),  # within one row: level
@@ -255,7 +301,7 @@ class FeedPath:
         private.release_cluster_secret(private.private_dir("c"))
 
     def run(self, partitions, consume, uneven="drop", chunk_rows=None, feed_id="f1", shutdown=False, epoch=-1,
-            skip=None):
+            skip=None, then=None):
         cfg = M.FeedConfig("c", self.key, "127.0.0.1", self.service.port, feed_id, "input", 30.0,
                            tuple(range(self.n)), tuple((i, "127.0.0.1", h.port) for i, h in enumerate(self.hubs)),
                            chunk_rows, uneven)
@@ -271,8 +317,14 @@ class FeedPath:
         for t in ranks:
             t.start()
         feeder = make_train_feeder(cfg, False, epoch, skip)
-        tasks = [threading.Thread(target=lambda p=p, rows=rows: list(feeder(p, iter(rows))), daemon=True)
-                 for p, rows in enumerate(partitions)]
+        self.task_errors = []
+
+        def task(p, rows):
+            try:
+                list(feeder(p, iter(rows)))
+            except BaseException as e:  # some tests read them
+                self.task_errors.append((p, e))
+        tasks = [threading.Thread(target=task, args=(p, rows), daemon=True) for p, rows in enumerate(partitions)]
         for t in tasks:  # two at a time, as two executors would run them
             t.start()
         for t in tasks:
@@ -282,6 +334,8 @@ class FeedPath:
         for i, h in enumerate(self.hubs):
             end_feed("127.0.0.1", h.port, self.key, i, feed_id, "input", per_node.get(i, 0), 30.0, totals=totals,
                      uneven=uneven, level=self.scheduler.level_of(feed_id, i))
+        if then is not None:  # the driver's next action, right after train() returned
+            then(cfg)
         if shutdown:  # the cluster's shutdown right after train() returned, as shutdown() sends it
             for i, h in enumerate(self.hubs):
                 end_feed("127.0.0.1", h.port, self.key, i, M.SHUTDOWN_FEED, "input", 0, 30.0)

@@ -81,27 +81,15 @@ class DataFeed:
         self.wait_secs = 0.0
         self._gate: Gate | None = None  # this node's place in the feed's equal steps (train feeds)
         self._part_end = False  # inference: the item just read ended a partition
-        # levelling a gated feed's shares at its end (uneven.level): items read ahead, to be read again
-        self._pushback: collections.deque = collections.deque()
+        # levelling a gated feed's shares at its end (uneven.level)
         self._given: collections.Counter = collections.Counter()  # feed -> rows this node sent to others
-        self._late: dict[str, tuple[End, int]] = {}  # feed -> (its End, rows to read in all): rows still to come
-        self._deferred: list = []  # a Close that came while such rows were on their way: read after them
+        # feed -> (its End, rows to read in all, deadline): rows other nodes send are still to come
+        self._late: dict[str, tuple[End, int, float]] = {}
 
     # -- core reader
     def _next_item(self):
-        if self._pushback:
-            return self._pushback.popleft()
         t0 = time.time()
-        if self._late:  # rows other nodes send to level the shares: bounded by feed_timeout
-            feed_id, (end, expected) = next(iter(self._late.items()))
-            try:
-                item = self.queue.q.get(timeout=end.level.timeout)
-            except queue.Empty:
-                raise FeedError(f"feed {feed_id}: {expected - self._feed_rows[feed_id]} of the {end.level.take} rows "
-                                f"other nodes send to level the shares did not come within {end.level.timeout:.0f}s "
-                                "(feed_timeout)") from None
-        else:
-            item = self.queue.q.get()
+        item = self._levelled() if self._late else self.queue.get()
         t1 = time.time()
         self.wait_secs += t1 - t0
         if self.hub.reporter is not None and t1 - t0 > 0.001:
@@ -109,6 +97,23 @@ class DataFeed:
         if self.hub.reporter is not None:
             self.hub.reporter.report({"rows_read": self.rows_read, "feed_wait_secs": round(self.wait_secs, 3)})
         return item
+
+    def _levelled(self):
+        """The next rows another node sends to level the shares of the feed whose end marker came
+        (``_late``): from the queue of levelled rows, by the deadline ``feed_timeout`` set. Nothing
+        else is read meanwhile: the main queue's next items (the next feed's, a shutdown) wait."""
+        feed_id, (end, expected, deadline) = next(iter(self._late.items()))
+        while True:
+            try:
+                item = self.queue.levelled.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise FeedError(f"feed {feed_id}: {expected - self._feed_rows[feed_id]} of the {end.level.take} rows "
+                                f"other nodes send to level the shares did not come within {end.level.timeout:.0f}s "
+                                "(feed_timeout)") from None
+            if item.feed_id == feed_id:
+                return item
+            logger.warning("tfos feed %s: dropped %d levelled rows of feed %s, which has ended", feed_id,
+                           item.batch.num_rows, item.feed_id)
 
     def _accept(self, item) -> None:
         """Take one queue item into the reader's state."""
@@ -123,14 +128,9 @@ class DataFeed:
             late = self._late.get(item.feed_id)
             if late is not None and self._feed_rows[item.feed_id] >= late[1]:  # the last rows sent to level came
                 del self._late[item.feed_id]
-                for closing in reversed(self._deferred):  # then the shutdown that overtook these rows
-                    self._pushback.appendleft(closing)
-                self._deferred.clear()
-                self._pushback.appendleft(late[0])  # read next: its End, now with every row in
+                self.queue.unget([late[0]])  # read next: its End, now with every row in
         elif isinstance(item, End):
             self._end(item)
-        elif isinstance(item, Close) and self._late:  # rows sent to level the shares are still to come
-            self._deferred.append(item)
         elif isinstance(item, Close):
             self.done = self.closed = True
             if self._gate is not None:  # its watcher thread ends too
@@ -144,7 +144,8 @@ class DataFeed:
         got_rows = self._feed_rows[item.feed_id]
         expected = item.rows - self._given.pop(item.feed_id, 0) + (item.level.take if item.level else 0)
         if got_rows < expected and item.level is not None and got_rows >= expected - item.level.take:
-            self._late[item.feed_id] = (item, expected)  # the rest comes from other nodes: read on
+            # the rest comes from other nodes, in the queue of levelled rows: read on there
+            self._late[item.feed_id] = (item, expected, time.monotonic() + item.level.timeout)
             return
         self._feed_rows.pop(item.feed_id, None)
         if got_rows != expected:
@@ -169,7 +170,7 @@ class DataFeed:
         held, have = [], self._feed_rows[g.feed_id]
         while have < sent:
             try:
-                item = self._pushback.popleft() if self._pushback else self.queue.q.get(timeout=g.level.timeout)
+                item = self.queue.get(timeout=g.level.timeout)
             except queue.Empty:
                 raise FeedError(f"feed {g.feed_id}: {sent - have} of the rows sent to this node were not queued "
                                 f"within {g.level.timeout:.0f}s (feed_timeout) while it levelled the shares") from None
@@ -199,7 +200,7 @@ class DataFeed:
         if need:
             raise FeedError(f"feed {g.feed_id}: this node holds {out - need} unread rows but must send {out} to "
                             "level the shares")
-        self._pushback.extendleft(reversed([item for item in held if item is not None]))
+        self.queue.unget(item for item in held if item is not None)
         self._given[g.feed_id] += out
         self.hub.send_rows(g.feed_id, self.qname_in, g.policy, len(g.totals), g.level, tail)
 
@@ -350,11 +351,7 @@ class DataFeed:
                 except Exception as e:  # the hub still discards data; Spark just feeds longer
                     logger.warning("could not tell the driver that the feed was terminated: %s", e)
         self.done = True
-        try:
-            while True:
-                self.queue.q.get_nowait()
-        except queue.Empty:
-            pass
+        self.queue.drain()
 
     def _mapping(self, schema) -> dict:
         """``input_mapping``, plus the sample_weight column of a "pad" feed."""

@@ -103,14 +103,25 @@ KEEP_SAFE = 16
 KEEP_POSITIONS = 4
 
 
+#: FeedBegin's partition for rows another node sends to level a gated feed's shares (``send_rows``)
+LEVELLING = -1
+
+
 class FeedQueue:
     """Bounded queue of one named feed, with end-of-feed accounting, the schema each feed began
     with (every partition of a feed must send the same columns), and each gated feed's safe count
-    as last heard from a feeding task (``safe``, changes announced on ``news``)."""
+    as last heard from a feeding task (``safe``, changes announced on ``news``).
+
+    Rows that other nodes send to level a feed's shares go to a queue of their own (``levelled``,
+    bounded the same): the reader takes them after the feed's end marker, so it never reads past
+    that marker into the next feed's items (an inference partition's rows and its end) while it
+    waits for them. Items a reader took out and must read again go back in front (``unget``)."""
 
     def __init__(self, name: str, maxsize: int):
         self.name = name
         self.q: queue.Queue = queue.Queue(maxsize)
+        self.levelled: queue.Queue = queue.Queue(maxsize)
+        self._front: collections.deque = collections.deque()  # read before ``q``: items put back
         self.terminated = threading.Event()
         self._schemas: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -138,16 +149,40 @@ class FeedQueue:
         if drift:
             raise FeedError(f"{where}: {drift}")
 
-    def put(self, item, stop: threading.Event) -> None:
+    def put(self, item, stop: threading.Event, levelled: bool = False) -> None:
+        target = self.levelled if levelled else self.q
         while True:
             if self.terminated.is_set() and isinstance(item, Data):
                 return  # terminate(): drop data so senders finish quickly
             try:
-                self.q.put(item, timeout=0.5)
+                target.put(item, timeout=0.5)
                 return
             except queue.Full:
                 if stop.is_set():
                     raise TFOSError("feed hub closed")
+
+    def get(self, timeout: float | None = None):
+        """The next item: one put back first, else from the queue (queue.Empty after ``timeout``)."""
+        with self._lock:
+            if self._front:
+                return self._front.popleft()
+        return self.q.get(timeout=timeout)
+
+    def unget(self, items) -> None:
+        """Put ``items`` back in front of the queue, to be read next in their order."""
+        with self._lock:
+            self._front.extendleft(reversed(list(items)))
+
+    def drain(self) -> None:
+        """Drop every item queued (``terminate``)."""
+        with self._lock:
+            self._front.clear()
+        for q in (self.q, self.levelled):
+            try:
+                while True:
+                    q.get_nowait()
+            except queue.Empty:
+                pass
 
 
 class FeedHub:
@@ -230,7 +265,7 @@ class FeedHub:
                 for node, host, port, count in level.give:
                     client = FeedClient(node, host, port, self.key, level.timeout)
                     try:
-                        client.begin(feed_id, qname, -1, True, policy, ranks)
+                        client.begin(feed_id, qname, LEVELLING, True, policy, ranks)
                         left = count
                         while left:
                             part = rest[0].slice(0, min(left, rest[0].batch.num_rows))
@@ -291,7 +326,8 @@ class FeedHub:
                 rows += batch.num_rows
                 self.bytes_received += len(value)
                 if batch.num_rows:
-                    q.put(Data(batch, origin, begin.feed_id, at), self._stop)
+                    q.put(Data(batch, origin, begin.feed_id, at), self._stop,
+                          levelled=begin.train and begin.partition == LEVELLING)
                 at = None
                 continue
             if isinstance(value, M.FeedAt):

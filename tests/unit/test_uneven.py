@@ -429,6 +429,24 @@ def test_levelling_sends_the_surplus_to_the_short_ranks_every_row_once(n, sizes)
     assert max(sent.values()) - min(sent.values()) > 1, sent  # the case needed levelling
 
 
+def test_a_batch_larger_than_the_queue_holds_still_reaches_the_gate_and_the_end():
+    """A reader at the gate waits for rows the other node has not been sent yet, or for the feed's
+    end; the feed ends only once every row sent here is queued. With small chunks and a batch
+    larger than the queue holds, the reader takes what is queued while it waits, so the feeding
+    tasks finish and the feed completes (it used to stop with rows stuck in the queue)."""
+    fp = FeedPath(2, queue_chunks=1)
+    try:
+        barrier = threading.Barrier(2, timeout=20)
+        results, errors, levelled = fp.run(_partitions([100] * 6), _steps_with_a_collective(
+            barrier, lambda f: f.batches(64)), chunk_rows=10)
+    finally:
+        fp.close()
+    assert not errors and not fp.task_errors, (errors, fp.task_errors)
+    assert levelled == {0: 300, 1: 300}
+    assert [sizes for sizes, _ in results.values()] == [[64] * 4 + [44]] * 2
+    assert sorted(v for _s, vs in results.values() for v in vs) == list(range(600))
+
+
 def test_pad_gives_full_batches_whose_weights_mark_the_padding(path):
     barrier = threading.Barrier(2, timeout=15)
 

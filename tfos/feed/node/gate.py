@@ -37,6 +37,7 @@ class Gate:
         self.policy = policy
         self._asked = 0  # the driver's answers (the news from the data is in ``_heard``)
         self._heard: dict = news.safe if news is not None else {}
+        self._queue = news  # the FeedQueue: a waiting reader takes what is queued meanwhile
         self.fed = self.real = self.padded = self.dropped = 0
         self.totals: dict[int, int] | None = None
         self.own = 0
@@ -88,16 +89,26 @@ class Gate:
 
     def wait(self, need: int) -> None:
         """Until the safe count reaches ``need`` or the feed is complete: news with the data, or
-        (after GATE_NEWS_WAIT without) the watcher's answer."""
+        (after GATE_NEWS_WAIT without) the watcher's answer. Meanwhile the rows that reach this
+        node's queue are taken out of it (``FeedQueue.read_ahead``): the feed completes only
+        once every row sent here is queued."""
         t0 = time.monotonic()
         with self.cond:
             asked = False
-            while self.totals is None and self.safe < need and self.error is None and not self._stop.is_set():
-                waited = time.monotonic() - t0
-                if not asked and waited >= GATE_NEWS_WAIT:
-                    self._need, asked = need, True
-                    self._wanted.set()
-                self.cond.wait(1.0 if asked else GATE_NEWS_WAIT - waited)
+            if self._queue is not None:
+                self._queue.waiting = True
+            try:
+                while self.totals is None and self.safe < need and self.error is None and not self._stop.is_set():
+                    if self._queue is not None:
+                        self._queue.read_ahead()
+                    waited = time.monotonic() - t0
+                    if not asked and waited >= GATE_NEWS_WAIT:
+                        self._need, asked = need, True
+                        self._wanted.set()
+                    self.cond.wait(1.0 if asked else max(0.0, GATE_NEWS_WAIT - waited))
+            finally:
+                if self._queue is not None:
+                    self._queue.waiting = False
             self.wait_secs += time.monotonic() - t0
             if self.error is not None:
                 raise FeedError(f"equal steps: the driver's gate failed: {self.error}") from self.error

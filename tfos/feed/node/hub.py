@@ -121,7 +121,8 @@ class FeedQueue:
         self.name = name
         self.q: queue.Queue = queue.Queue(maxsize)
         self.levelled: queue.Queue = queue.Queue(maxsize)
-        self._front: collections.deque = collections.deque()  # read before ``q``: items put back
+        self._front: collections.deque = collections.deque()  # read before ``q``: items put back or read ahead
+        self.waiting = False  # a reader waits at the gate: put() wakes it (on ``news``) to take what came
         self.terminated = threading.Event()
         self._schemas: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -156,6 +157,9 @@ class FeedQueue:
                 return  # terminate(): drop data so senders finish quickly
             try:
                 target.put(item, timeout=0.5)
+                if self.waiting:
+                    with self.news:
+                        self.news.notify_all()
                 return
             except queue.Full:
                 if stop.is_set():
@@ -167,6 +171,26 @@ class FeedQueue:
             if self._front:
                 return self._front.popleft()
         return self.q.get(timeout=timeout)
+
+    def read_ahead(self) -> None:
+        """Take what is queued now into the front, up to the first item that is not rows (an end
+        marker): a reader waiting at the gate of equal steps for the feed's end holds these rows
+        so that the rest of the rows sent to this node can be queued. The feed ends only once they
+        are (each feeding task waits for that), so without it a batch larger than the queue holds
+        would wait forever. What it holds is bounded: the rows this node was sent beyond what it
+        read, which the gate keeps below one batch plus the scheduler's lead of one node over the
+        fewest (a chunk per feeding task)."""
+        with self._lock:
+            if any(not isinstance(item, Data) for item in self._front):
+                return
+            while True:
+                try:
+                    item = self.q.get_nowait()
+                except queue.Empty:
+                    return
+                self._front.append(item)
+                if not isinstance(item, Data):
+                    return
 
     def unget(self, items) -> None:
         """Put ``items`` back in front of the queue, to be read next in their order."""

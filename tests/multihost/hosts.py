@@ -207,39 +207,54 @@ class Hosts:
     def _spark_class(self, *args: str) -> list[str]:
         return [os.path.join(spark_home(), "bin", "spark-class"), *args]
 
-    def start_master(self, name: str) -> tuple[subprocess.Popen, int]:
-        """A Spark master on the bridge address (log ``<name>.log``); returns it and its port."""
+    def properties_file(self, name: str, conf: dict) -> str:
+        """``conf`` in a Spark properties file only root reads (``--properties-file``: a secret in it
+        stays off the command lines every user can read in /proc)."""
+        path = os.path.join(self.dir, f"{name}.properties")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{k} {v}\n" for k, v in conf.items())
+        return path
+
+    def start_master(self, name: str, properties: str | None = None) -> tuple[subprocess.Popen, int]:
+        """A Spark master on the bridge address (log ``<name>.log``; its settings from the
+        ``properties`` file if given); returns it and its port."""
         with socket.socket() as s:  # a free port on the bridge address (bound right after: no other user here)
             s.bind((DRIVER_ADDRESS, 0))
             port = s.getsockname()[1]
         log = open(os.path.join(self.dir, f"{name}.log"), "ab")
         proc = subprocess.Popen(
             self._spark_class("org.apache.spark.deploy.master.Master", "--host", DRIVER_ADDRESS,
-                              "--port", str(port), "--webui-port", "0"),
+                              "--port", str(port), "--webui-port", "0",
+                              *(["--properties-file", properties] if properties else [])),
             stdout=log, stderr=subprocess.STDOUT, env=self._env(None), start_new_session=True)
         log.close()
         self.masters.append(proc)
         return proc, port
 
-    def _start_worker(self, h: Host, name: str, master_url: str | None = None) -> subprocess.Popen:
+    def _start_worker(self, h: Host, name: str, master_url: str | None = None,
+                      properties: str | None = None) -> subprocess.Popen:
         work = os.path.join(h.dir, f"{name}-work")
         os.makedirs(work, exist_ok=True)
         log = open(os.path.join(h.dir, f"{name}.log"), "ab")
         proc = subprocess.Popen(
             h.exec_args(*self._spark_class("org.apache.spark.deploy.worker.Worker", "--host", h.address,
                                            "--cores", "1", "--memory", self.worker_memory, "--work-dir", work,
-                                           "--webui-port", "0", master_url or self.master_url)),
+                                           "--webui-port", "0",
+                                           *(["--properties-file", properties] if properties else []),
+                                           master_url or self.master_url)),
             stdout=log, stderr=subprocess.STDOUT, env=self._env(h), start_new_session=True)
         log.close()
         return proc
 
-    def add_worker(self, h: Host, master: tuple[str, int] | None = None) -> subprocess.Popen:
+    def add_worker(self, h: Host, master: tuple[str, int] | None = None,
+                   properties: str | None = None) -> subprocess.Popen:
         """Another 1-core worker on host ``h`` (two executors on one host), of the main master or of
-        ``master`` = (log name, port) from start_master()."""
+        ``master`` = (log name, port) from start_master(), with the ``properties`` file's settings."""
         name = f"worker{len(self.extra_workers) + 2}"
         log, port = master or ("master", self.master_port)
         before = self._alive_workers(log)
-        proc = self._start_worker(h, name, f"spark://{DRIVER_ADDRESS}:{port}")
+        proc = self._start_worker(h, name, f"spark://{DRIVER_ADDRESS}:{port}", properties)
         self.extra_workers.append((h, proc))
         self._wait_workers(before + 1, log)
         return proc

@@ -160,3 +160,38 @@ def test_from_another_host_every_spark_block_holds_no_secret_and_no_fed_row(mh_s
     assert sum(m["rows"] for m in cluster.metrics().values()) == rows
     fetched = found_nothing(answer, canary, first, secret, [row_text(i) for i in range(rows)])
     print(f"from {attacker.address}: {len(targets)} ports, {len(fetched)} blocks fetched: {fetched}")
+
+
+def test_from_another_host_under_sparks_auth_every_spark_port_refuses_the_block_requests(hosts):
+    """Issue 53's attack across hosts with Spark's own security on: a second application on its own
+    master and workers (h1, h2), which share ``spark.authenticate`` and its secret from a file only
+    root reads, with Spark's network and I/O encryption. While its 2-node cluster is fed, another
+    user on h3 asks every port of the application's JVMs (driver, workers, executors) for every
+    broadcast block: every port refuses it, and the feed and the cluster work."""
+    import json
+    import sys
+
+    conf = {"spark.authenticate": "true", "spark.authenticate.secret": secrets.token_hex(16),
+            "spark.network.crypto.enabled": "true", "spark.io.encryption.enabled": "true"}
+    properties = hosts.properties_file("secured", conf)
+    _proc, port = hosts.start_master("master-secured", properties)
+    workers = [(h, hosts.add_worker(h, ("master-secured", port), properties)) for h in hosts.hosts[:2]]
+    attacker = hosts.hosts[2]
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        proc = subprocess.run([sys.executable, os.path.join(here, "secured_app.py"), f"spark://{DRIVER_ADDRESS}:{port}",
+                               properties, attacker.netns] + [f"{h.address}@{h.netns}@{w.pid}" for h, w in workers],
+                              cwd=here, capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    finally:
+        hosts.remove_extra_workers()
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = json.loads(line[7:])
+    print(f"from {attacker.address} under Spark's auth: {out}")
+    assert out["crypto"] == "true" and out["nodes_hosts"] == sorted(h.address for h, _ in workers), out
+    assert out["host_ports"] >= 4 and out["rows_during_attack"] < 2000, out  # workers and executors, mid-feed
+    assert out["refused"] == out["ports"] and out["blocks"] == 0, out
+    assert not out["canary"] and not out["secret"] and not out["rows_found"], out
+    assert out["rows"] == 2000, out
+    assert not any("launch messages" in w for w in out["warnings"]), out["warnings"]  # Spark's RPC is secured

@@ -7,6 +7,8 @@ import signal
 import tempfile
 import time
 
+from tfos.errors import Cause
+
 
 def _restored_mwms_model(ctx):
     """A small MWMS model and optimizer restored from ctx.checkpoint_dir (rank 0 saves there, the
@@ -219,7 +221,8 @@ def kill_rank_1_at_half_and_check(cluster, planned: int, out) -> list[dict]:
     cluster.shutdown(timeout=900)
     # the killed node is among the causes (its peer's collective may have failed first)
     assert cluster.attempt == 1 and {r.attempt for r in cluster.restarts} == {0}
-    assert any(r.node_index == 1 and "killed by signal 9" in r.cause for r in cluster.restarts), cluster.restarts
+    assert any(r.node_index == 1 and r.cause is Cause.KILLED and "killed by signal 9" in r.reason
+               for r in cluster.restarts), cluster.restarts
     ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in range(2)]
     assert all(r["attempt"] == 1 for r in ranks)
     assert all(r["steps"] == planned for r in ranks), ranks  # the planned count, not planned plus a redo

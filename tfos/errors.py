@@ -59,6 +59,9 @@ class ScriptError(TFOSError):
 #: Marker file in a node's directory, written by the TF process when main_fun raised NonRetryable
 #: or ConfigError; the agent reports it as ``NodeExited.retryable=False``.
 NONRETRYABLE_FILE = "nonretryable"
+#: Marker file written by the TF process when its error is a consequence of another rank's failure
+#: (``tfos.cluster.node.exits.caused_by_a_peer``); the agent reports it as ``NodeExited.peer_failed``.
+PEER_FAILED_FILE = "peer_failed"
 
 
 class NonRetryable(TFOSError):
@@ -70,6 +73,11 @@ class NonRetryable(TFOSError):
 class CollectiveError(TFOSError):
     """A collective (all-reduce, broadcast) of the TF processes failed: a peer died, a connection
     broke, or a peer did not join before the collective's timeout."""
+
+
+#: How tfos's collective ops start their errors: in a ``tf.function`` they can raise only TF's own,
+#: and the TF process raises one whose message holds this as :class:`CollectiveError`.
+COLLECTIVE_ERROR = "CollectiveError: "
 
 
 class UnevenDataError(FeedError, NonRetryable):
@@ -124,6 +132,9 @@ class NodeFailure:
     retryable: bool = True  # False: main_fun raised NonRetryable or ConfigError (no restart helps)
     attempt: int = 0  # which start of the cluster it happened in (0: the first; see max_restarts)
     cause: Cause = Cause.EXITED
+    # its error is a consequence of another rank's failure (an aborted collective, a lost peer),
+    # decided in its TF process from the exception's types: the driver names such failures last
+    peer_failed: bool = False
 
 
 class NodeFailedError(TFOSError):
@@ -138,13 +149,10 @@ class NodeFailedError(TFOSError):
         super().__init__(format_failures(self.failures))
 
 
-class Resizing(NodeFailedError):
-    """A feed or call was interrupted by a planned restart at another size (the cluster grows back:
-    docs/elastic.md); ``train()`` feeds the next attempt. No node failed."""
-
-    def __init__(self, message: str):
-        self.failures = []
-        TFOSError.__init__(self, message)
+class Resizing(ClusterStateError):
+    """A feed or call was interrupted by a planned restart at another size (the cluster grows or
+    shrinks: docs/elastic.md); ``train()`` feeds the next attempt. No node failed: not a
+    :class:`NodeFailedError`."""
 
 
 def format_failures(failures) -> str:

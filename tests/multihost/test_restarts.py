@@ -8,7 +8,7 @@ import threading
 import time
 
 from tfos import TFCluster
-from tfos.errors import TFOSError
+from tfos.errors import Cause, TFOSError
 from tfos.testing import wait_for
 
 from restart_programs import checkpointed_steps, evictable_steps, fed_steps, ps_checkpointed_steps, trained_ids
@@ -100,7 +100,7 @@ def test_parameter_server_worker_lost_the_coordinator_goes_on_without_it(mh_sc, 
         cluster.shutdown(timeout=600)  # raises if the loss failed the run
         assert cluster.attempt == 0 and cluster.restarts == [], cluster.restarts
         assert [(n.node_index, n.job_name) for n in cluster.lost_nodes] == [(victim["node_index"], "worker")]
-        assert "killed by signal 9" in cluster.lost_nodes[0].cause
+        assert cluster.lost_nodes[0].cause is Cause.KILLED and "killed by signal 9" in cluster.lost_nodes[0].reason
         result = json.loads((tmp_path / "ps-chief.json").read_text())
         # every step ran; a step the lost worker was running may have run again on the other one
         assert result["attempt"] == 0 and result["resumed_from"] == 0 and 200 <= result["steps"] < 210, result

@@ -145,10 +145,10 @@ def test_the_peak_memory_of_a_waited_for_grandchild_is_seen():
     assert processes.children_peak_rss_mb() >= 200
 
 
-def _failure(node, reason, tb=""):
+def _failure(node, reason, tb="", peer_failed=False):
     from tfos.errors import NodeFailure
 
-    return NodeFailure(node, "worker", node, "h", reason, 1, tb)
+    return NodeFailure(node, "worker", node, "h", reason, 1, tb, peer_failed=peer_failed)
 
 
 COLLECTIVE = ("tensorflow.python.framework.errors_impl.UnavailableError: Collective ops is aborted by: "
@@ -156,22 +156,87 @@ COLLECTIVE = ("tensorflow.python.framework.errors_impl.UnavailableError: Collect
 
 
 @pytest.mark.parametrize("arrived,expected", [
-    ([(0, COLLECTIVE), (2, "ValueError: rank 2's own bug"), (1, COLLECTIVE)], [2, 0, 1]),  # own error leads
-    ([(1, "ValueError: a"), (0, "KeyError: b")], [1, 0]),          # two own errors: in arrival order
-    ([(0, "RuntimeError: Gloo all-reduce: Connection reset by peer"), (1, "killed by signal 9")], [1, 0]),
-    ([(0, COLLECTIVE)], [0]),                                      # nothing better is known: it still shows
-    ([(0, "InternalError: Gloo all-reduce failed on rank 0 of 2 (a peer died or stopped answering; the timeout is "
-          "600 s, ...): [gloo/transport/tcp/pair.cc:537] Read error"), (1, "ValueError: own")], [1, 0]),  # the op's
+    # (node, traceback, its TF process found a peer's failure behind it)
+    ([(0, COLLECTIVE, True), (2, "ValueError: rank 2's own bug", False), (1, COLLECTIVE, True)], [2, 0, 1]),
+    ([(1, "ValueError: a", False), (0, "KeyError: b", False)], [1, 0]),    # two own errors: in arrival order
+    ([(0, "DistBackendError: Connection reset by peer", True), (1, "", False)], [1, 0]),  # 1 killed: no traceback
+    ([(0, COLLECTIVE, True)], [0]),                                      # nothing better is known: it still shows
+    ([(0, "ValueError: mentions UnavailableError in its text", False), (1, COLLECTIVE, True)], [0, 1]),  # types, not text
 ])
 def test_the_first_cause_leads_and_the_rest_follow_as_then(arrived, expected):
     from tfos.cluster.driver.lifecycle import first_cause_first
     from tfos.errors import NodeFailedError
 
-    ordered = first_cause_first([_failure(n, "TF process exited with code 1", tb) for n, tb in arrived])
+    ordered = first_cause_first([_failure(n, "TF process exited with code 1", tb, peer) for n, tb, peer in arrived])
     assert [f.node_index for f in ordered] == expected
     text = str(NodeFailedError(ordered))
     assert text.startswith(f"[node {expected[0]} ")
-    assert text.count("\nthen [node ") == len({f.traceback for f in ordered}) - 1
+    assert text.count("\nthen [node ") == len({f.traceback or f.reason for f in ordered}) - 1
+
+
+def _raised(exc, cause=None, context=None):
+    """``exc`` as raised: from ``cause``, or while ``context`` was being handled."""
+    try:
+        if context is not None:
+            try:
+                raise context
+            except BaseException:
+                raise exc
+        raise exc from cause
+    except BaseException as e:
+        return e
+
+
+def _tf_errors():
+    import tensorflow as tf
+
+    return tf.errors
+
+
+@pytest.mark.parametrize("make,peer", [
+    (lambda: ValueError("rank 1's own bug"), False),
+    (lambda: ValueError("Connection reset by peer (only the text says so)"), False),
+    (lambda: ConnectionResetError(104, "Connection reset by peer"), True),
+    (lambda: BrokenPipeError(32, "Broken pipe"), True),
+    (lambda: __import__("tfos.errors").errors.CollectiveError("Gloo all-reduce failed"), True),
+    (lambda: _raised(RuntimeError("step failed"), cause=ConnectionRefusedError(111, "refused")), True),
+    (lambda: _raised(KeyError("x"), context=ConnectionResetError(104, "reset")), True),  # raised while handling one
+    (lambda: __import__("tfos.errors").errors.NonRetryable("bad input"), False),
+    (lambda: _tf_errors().UnavailableError(None, None, "Collective ops is aborted by: task 2"), True),
+    (lambda: _tf_errors().CancelledError(None, None, "cancelled"), True),
+    (lambda: _tf_errors().InvalidArgumentError(None, None, "shapes"), False),
+])
+def test_the_tf_process_tells_a_peers_failure_from_its_own_by_type(make, peer, tmp_path):
+    from tfos.cluster.node.exits import caused_by_a_peer, write_error
+    from tfos.errors import NONRETRYABLE_FILE, PEER_FAILED_FILE, NonRetryable
+
+    exc = make()
+    assert caused_by_a_peer(exc) is peer
+    write_error(str(tmp_path), "Traceback ...", exc)
+    assert (tmp_path / "error.txt").read_text() == "Traceback ..."
+    assert (tmp_path / PEER_FAILED_FILE).exists() is peer
+    assert (tmp_path / NONRETRYABLE_FILE).exists() is isinstance(exc, NonRetryable)
+
+
+def test_a_tfos_collective_ops_error_in_a_tf_function_reaches_main_fun_as_collective_error():
+    """In a tf.function a tfos op can raise only TF's own errors: the TF process raises one whose
+    message carries COLLECTIVE_ERROR as CollectiveError (a peer's failure, by type)."""
+    from tfos.cluster.node.exits import caused_by_a_peer
+    from tfos.cluster.node.runtime import run_main
+    from tfos.errors import COLLECTIVE_ERROR, CollectiveError
+
+    class Hooks:
+        @staticmethod
+        def run(main_fun, args, ctx):
+            return main_fun(args, ctx)
+
+    def main_fun(_args, _ctx):
+        raise _tf_errors().InternalError(None, None, f"{COLLECTIVE_ERROR}Gloo all-reduce failed on rank 0 of 2 "
+                                                     "(a peer died or stopped answering): Read error")
+
+    with pytest.raises(CollectiveError, match=r"^Gloo all-reduce failed on rank 0 of 2") as got:
+        run_main(Hooks, main_fun, None, None)
+    assert caused_by_a_peer(got.value)
 
 
 @pytest.mark.parametrize("driver,here,expected", [

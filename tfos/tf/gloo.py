@@ -36,7 +36,7 @@ import datetime
 import importlib.util
 import logging
 
-from tfos.errors import CollectiveError
+from tfos.errors import COLLECTIVE_ERROR, CollectiveError
 
 logger = logging.getLogger(__name__)
 
@@ -203,11 +203,11 @@ class Group(Compressing):
             casts.append(dtype)
         if not xs:
             return []
-        if kernel:
+        if kernel:  # in a tf.function, whose errors are TF's own: the TF process raises the op's as CollectiveError
             ys = self._kernel.all_reduce(xs, handle=self._handle(), average=[bool(a) for a in average],
-                                         context=f"Gloo all-reduce failed on rank {self.rank} of {self.size} (a peer "
-                                                 f"died or stopped answering; the timeout is {self.timeout_seconds:g} "
-                                                 f"s, {self.timeout_setting})",
+                                         context=f"{COLLECTIVE_ERROR}Gloo all-reduce failed on rank {self.rank} of "
+                                                 f"{self.size} (a peer died or stopped answering; the timeout is "
+                                                 f"{self.timeout_seconds:g} s, {self.timeout_setting})",
                                          max_pieces=max_pieces(self.size), piece_bytes=PIECE_BYTES)
         else:
             ys = tf.py_function(lambda *ts: self._all_reduce_eager(ts, owns, average), xs, [x.dtype for x in xs])

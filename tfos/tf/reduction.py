@@ -37,7 +37,7 @@ import logging
 import os
 import sys
 
-from tfos.errors import CollectiveError, ConfigError
+from tfos.errors import COLLECTIVE_ERROR, CollectiveError, ConfigError
 from tfos.tf import gloo
 from tfos.topology import ENV_REDUCER_NAMES, ENV_REDUCERS, REDUCER_JOB
 
@@ -147,7 +147,7 @@ class WorkerGroup(gloo.Compressing):
                     ", ".join(self.names))
 
     def _context(self) -> str:
-        return (f"CollectiveError: reduction-server all-reduce failed on worker {self.rank} of {self.size} (the "
+        return (f"{COLLECTIVE_ERROR}reduction-server all-reduce failed on worker {self.rank} of {self.size} (the "
                 f"collective timeout is {self.timeout_seconds:g} s, {self.timeout_setting})")
 
     def all_reduce_many(self, flats, owned, average):

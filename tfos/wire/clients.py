@@ -209,10 +209,10 @@ class DriverClient:
     def node_exited(self, exit_code: int, traceback: str, log_tail: str, log_path: str,
                     stopped_by_driver: bool, reason: str, retryable: bool = True, timeout: float = 10.0,
                     peak_rss_mb: int = 0, cause: M.Cause = M.Cause.EXITED, memory_limit_mb: int = 0,
-                    oom_killed: bool = False) -> None:
+                    oom_killed: bool = False, peer_failed: bool = False) -> None:
         self._request(M.NodeExited(self.cluster_id, self.node_index, exit_code, traceback, log_tail, log_path,
                                    stopped_by_driver, reason, retryable, peak_rss_mb, cause, memory_limit_mb,
-                                   oom_killed), timeout=timeout)
+                                   oom_killed, peer_failed), timeout=timeout)
 
     # -- feeding task
     def assign_chunk(self, feed_id: str, rows: int, failed_node: int = -1, partition: int = -1,

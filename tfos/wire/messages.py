@@ -204,6 +204,7 @@ class NodeExited:  # agent -> driver
     cause: Cause = Cause.EXITED  # why it ended; ``reason`` says it in words (EXITED: on its own)
     memory_limit_mb: int = 0  # the memory limit of the agent's container (cgroup; 0: none or unknown)
     oom_killed: bool = False  # the kernel's OOM killer ended a process of that container meanwhile
+    peer_failed: bool = False  # its error is a consequence of another rank's failure (exits.caused_by_a_peer)
 
 
 @message

@@ -25,7 +25,7 @@ import time
 
 from tfos.cluster.agent import reaper
 from tfos.host.gpus import gpu_environment, pick_gpus
-from tfos.errors import NONRETRYABLE_FILE, Cause, TFOSError
+from tfos.errors import NONRETRYABLE_FILE, PEER_FAILED_FILE, Cause, TFOSError
 from tfos.host import cgroup, private, processes
 from tfos.topology import CPU_ONLY_JOBS
 from tfos.tunnel.agent import NodeTunnel
@@ -299,6 +299,7 @@ class NodeAgent:
         except OSError:
             tb = ""
         retryable = not os.path.exists(os.path.join(self.cfg.node_dir, NONRETRYABLE_FILE))
+        peer_failed = os.path.exists(os.path.join(self.cfg.node_dir, PEER_FAILED_FILE))
         driver_lost = cause is Cause.DRIVER_LOST
         deadline = time.monotonic() + (2.0 if driver_lost else REPORT_EXIT_SECS)
         attempt = 0
@@ -308,6 +309,7 @@ class NodeAgent:
                 self.driver.node_exited(code, tb, processes.tail(self.log_path, 40), self.log_path,
                                         cause is Cause.STOPPED, reason, retryable=retryable, peak_rss_mb=peak_rss_mb,
                                         cause=cause, memory_limit_mb=memory_limit_mb, oom_killed=oom_killed,
+                                        peer_failed=peer_failed,
                                         timeout=max(0.5, min(10.0, deadline - time.monotonic())))
                 return
             except (TFOSError, OSError) as e:

@@ -96,7 +96,8 @@ class NodeLoss:
     job_name: str
     task_index: int
     host: str
-    cause: str
+    cause: Cause  # why its TF process ended, as the driver decides on it
+    reason: str  # the same in words: an exit code, a signal, what the agent saw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,16 +248,11 @@ def explain_executor_loss(host: str, cause: Cause, removed, since: float) -> str
     return text
 
 
-#: Errors a node raises because a peer failed first: an aborted collective, a closed connection.
-SECONDARY_FAILURE = re.compile(r"CollectiveError|Collective ops is aborted|UnavailableError|tasks are unhealthy|"
-                               r"CancelledError|Socket closed|Connection reset|Broken pipe|connection refused|"
-                               r"peer (?:died|closed|is gone)|stopped sending heartbeats", re.I)
-
-
 def first_cause_first(failures) -> list:
-    """Pure: ``failures`` with the nodes that failed on their own first, then those whose error
-    says a peer failed (an aborted collective, a closed socket); otherwise in the order given."""
-    return sorted(failures, key=lambda f: bool(SECONDARY_FAILURE.search(f.traceback or f.reason or "")))
+    """Pure: ``failures`` with the nodes that failed on their own first, then those whose TF process
+    found that its error came from another rank's failure (``NodeFailure.peer_failed``: an aborted
+    collective, a lost peer, from the exception's types); otherwise in the order given."""
+    return sorted(failures, key=lambda f: f.peer_failed)
 
 
 def exit_reason(exit_code: int, raised: bool, agent_reason: str = "", peak_rss_mb: int = 0,

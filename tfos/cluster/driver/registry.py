@@ -237,7 +237,8 @@ class NodeRegistry:
                              msg.oom_killed)
         return NodeFailure(i, n.job_name, n.task_index, self.host_of(i), reason, msg.exit_code, msg.traceback,
                            msg.log_tail, msg.log_path, retryable=msg.retryable,
-                           cause=failure_cause(msg.exit_code, bool(msg.traceback), msg.cause))
+                           cause=failure_cause(msg.exit_code, bool(msg.traceback), msg.cause),
+                           peer_failed=msg.peer_failed)
 
     def ended_on_their_own(self) -> list[NodeFailure]:
         """Nodes that failed by themselves after the first failure made the driver stop them all

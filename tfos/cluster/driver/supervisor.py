@@ -366,7 +366,7 @@ class Supervisor:
             return False
         self.registry.lose(f.node_index)
         self.lost_nodes.append(NodeLoss(time.time(), f.attempt, f.node_index, f.job_name, f.task_index, f.host,
-                                        f.reason))
+                                        f.cause, f.reason))
         logger.warning("tfos cluster %s: %s:%d on %s lost (%s); %s without it", self.cluster_id, f.job_name,
                        f.task_index, f.host, f.reason, d.reason)
         with self._cv:
@@ -393,8 +393,8 @@ class Supervisor:
         if failures:
             failures += [dataclasses.replace(f, attempt=attempt) for f in reg.ended_on_their_own()
                          if f.node_index not in known]
-        self.restarts += [Restart(time.time(), attempt, f.node_index, f.job_name, f.task_index, f.host, f.reason)
-                          for f in sorted(failures, key=lambda f: f.node_index)]
+        self.restarts += [Restart(time.time(), attempt, f.node_index, f.job_name, f.task_index, f.host, f.cause,
+                                  f.reason) for f in sorted(failures, key=lambda f: f.node_index)]
         self._failed_before += failures
         job = self._reservation
         if job is not None:
@@ -618,7 +618,7 @@ class Supervisor:
                 attempt = self.config.attempt
                 try:
                     feed(resume)
-                except NodeFailedError:  # Resizing too
+                except (NodeFailedError, Resizing):  # a failure, or a planned restart at another size
                     self._wait(self._settled, "restarting the cluster")
                     if self.lifecycle.phase is Phase.FAILED:
                         raise self.lifecycle.error from None

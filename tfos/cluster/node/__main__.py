@@ -8,9 +8,10 @@ import os
 import sys
 import traceback
 
-from tfos.errors import NONRETRYABLE_FILE, ConfigError, NonRetryable, TFOSError
+from tfos.errors import TFOSError
 from tfos.host.processes import STACKS_FILE, STACKS_SIGNAL
 from tfos.host import processes
+from tfos.cluster.node.exits import write_error
 from tfos.cluster.node.hints import hint
 from tfos.cluster.node.runtime import run_node
 from tfos.wire import messages as M
@@ -33,31 +34,19 @@ def main() -> None:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:
-            _write_error(cfg, traceback.format_exc())
+            write_error(cfg.node_dir, traceback.format_exc())
     except BaseException as e:
         tb = traceback.format_exc()
         tip = hint(tb)
         tb += f"{tip}\n" if tip else ""
         sys.stderr.write(tb)
-        _write_error(cfg, tb, retryable=not isinstance(e, (NonRetryable, ConfigError)))
+        write_error(cfg.node_dir, tb, e)
         code = 1
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
     # os._exit: TF's and user threads must not keep a finished node alive at interpreter exit.
     os._exit(code)
-
-
-def _write_error(cfg: M.NodeConfig, tb: str, retryable: bool = True) -> None:
-    """``error.txt``: the traceback; ``nonretryable``: present when a restart cannot help."""
-    try:
-        with open(os.path.join(cfg.node_dir, "error.txt"), "w") as f:
-            f.write(tb)
-        if not retryable:
-            with open(os.path.join(cfg.node_dir, NONRETRYABLE_FILE), "w") as f:
-                f.write("main_fun raised NonRetryable or ConfigError\n")
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 
-from tfos.errors import CollectiveError, TFOSError, TFOSTimeoutError
+from tfos.errors import COLLECTIVE_ERROR, CollectiveError, TFOSError, TFOSTimeoutError
 from tfos.data import tfhdfs
 from tfos.host import claims
 from tfos.cluster.node import control, staging
@@ -62,10 +62,6 @@ def preimport_tensorflow() -> threading.Thread | None:
     thread = threading.Thread(target=run, name="tfos-import-tensorflow", daemon=True)
     thread.start()
     return thread
-
-
-#: How tfos's collective ops start their errors (in a ``tf.function`` they can raise only TF's own).
-COLLECTIVE_ERROR = "CollectiveError: "
 
 
 def run_main(hooks, main_fun, args, ctx):

@@ -18,7 +18,7 @@ from tfos.feed.driver.resume import FeedPositions, FeedResume
 from tfos.feed.driver.scheduler import FeedScheduler
 from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.spark import SparkJob, raise_no_rdd
-from tfos.errors import FeedError, NodeFailedError, TFOSError, remote_error
+from tfos.errors import FeedError, NodeFailedError, Resizing, TFOSError, remote_error
 from tfos.wire import messages as M
 from tfos.wire.clients import end_feed
 
@@ -190,8 +190,8 @@ class FeedJobs:
         try:
             end_feed(host, port, cfg.key, node, cfg.feed_id, cfg.qname, rows, cfg.feed_timeout,
                      while_waiting=self.check_failed, totals=totals, uneven=cfg.uneven, level=level)
-        except NodeFailedError:
-            raise  # the cluster already knows the first cause
+        except (NodeFailedError, Resizing):
+            raise  # the cluster already knows the first cause, or restarts at another size
         except (TFOSError, OSError):
             self.registry.wait_until(lambda snap: snap.exited[node] is not None, 5)
             if self.scheduler.finished_reading(node):

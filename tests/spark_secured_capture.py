@@ -101,7 +101,7 @@ def main():
     spark.stop()  # the event log is complete now: the feeding jobs' local property, redacted?
     log = "".join(open(os.path.join(d, f), errors="replace").read() for d, _, fs in os.walk(events) for f in fs)
     out["eventlog"] = {"bytes": len(log), "secret": any(s in log for s in used),
-                       "redacted": '"spark.tfos.cluster.secret":"*********(redacted)"' in log}
+                       "redacted": '"tfos.cluster.secret":"*********(redacted)"' in log}
     shutil.rmtree(events, ignore_errors=True)
     print("RESULT " + json.dumps(out), flush=True)
 

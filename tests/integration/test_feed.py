@@ -62,6 +62,24 @@ def test_dataframe_three_epochs_every_row_exactly_once_per_epoch(spark, sc, tmp_
     check_ids(tmp_path, n, 3)
 
 
+def test_a_dataframe_of_a_session_made_after_an_rdd_feed_is_fed_too(spark, sc, tmp_path):
+    """A feeding task's secret comes as a local property, whose name tfos registers in the SparkConf
+    (so Spark's event log redacts it). A session whose SQL conf is built after that (here a new
+    one) copies the registered placeholder, and Spark SQL sets every conf of its own whose name
+    starts with "spark" as a local property of the query's jobs: the property's name must not,
+    or a DataFrame's feeding tasks get the placeholder instead of the secret."""
+    rdd, n = uneven_rdd(sc, 300)
+    cluster = TFCluster.run(sc, count_ids, str(tmp_path), 2, 0, input_mode=InputMode.SPARK, master_node="chief")
+    try:
+        assert cluster.train(rdd, num_epochs=1, chunk_rows=50, uneven=None) == n  # registers the name
+        fresh = spark.newSession()
+        df = fresh.createDataFrame(rdd.map(lambda r: (r[0], [float(v) for v in r[1]])),
+                                   "id long, vec array<float>").repartition(3)
+        assert cluster.train(df, num_epochs=1, chunk_rows=50, uneven=None) == n
+    finally:
+        cluster.shutdown(timeout=120)
+
+
 def count_ids_through_dataset(args, ctx):
     """feed.dataset(37) read to exhaustion: the ids read and every batch's size."""
     feed = ctx.get_data_feed(train_mode=True)

@@ -118,7 +118,10 @@ SECRET_FILE = "cluster.secret"
 #: The Spark local property that carries the secret to the feeding tasks of a classic Spark
 #: application (in the task launch messages; a node-less executor has no file to read). Its name is
 #: also set in the SparkConf, so that Spark's event log redacts it (spark.redaction.regex: "secret").
-SECRET_PROPERTY = "spark.tfos.cluster.secret"
+#: It does not start with "spark": Spark SQL sets each conf of a session whose name does as a local
+#: property of the session's jobs, and a session made after the name was registered holds its
+#: placeholder, which would then replace the secret in a DataFrame's feeding tasks.
+SECRET_PROPERTY = "tfos.cluster.secret"
 
 
 def store_cluster_secret(cluster_id: str, secret: str) -> None:

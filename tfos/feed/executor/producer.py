@@ -87,12 +87,16 @@ class Positioned:
 
 
 def _guard_retry(what: str) -> None:
+    """A feeding task runs once: rows an attempt sent before it failed would be fed twice by a retry.
+    Spark's job error then holds only this retry's error, so it says where the first one is."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
     if tc is not None and tc.attemptNumber() > 0:
-        raise FeedError(f"{what}: an earlier attempt of this task failed after sending part of its rows; "
-                        "not resending them (rows would be fed twice). See the first failure above.")
+        raise FeedError(f"{what}: attempt {tc.attemptNumber()} of this feeding task refused to run: an earlier "
+                        "attempt failed, and the rows it may have sent would be fed twice. Its error, the first "
+                        f"cause, is Spark's 'Lost task {tc.partitionId()}.0 in stage {tc.stageId()}' warning in the "
+                        "driver's log, and in the stderr of the executor that ran it (Spark's UI links it)")
 
 
 class _SendFailed(FeedError):

@@ -213,7 +213,13 @@ def test_strangers_tf_clients_during_collectives_leave_every_node_to_finish_clea
     time.sleep(8)  # the probes load TensorFlow, then try for 15 s: the all-reduces run meanwhile
     go.touch()
     probing.join(300)
-    assert wait_for(lambda: all("steps" in m for m in cluster.metrics().values()) and len(cluster.metrics()) == 2, 120)
+    reduced = wait_for(lambda: all("steps" in m for m in cluster.metrics().values()) and len(cluster.metrics()) == 2,
+                       60)
+    if not reduced:  # say where each rank stands (a stranger's request in a collective: docs/security.md)
+        print(cluster.lifecycle.phase, results, cluster.metrics(), sep="\n")
+        for node, (stacks, log) in cluster.dump_stacks().items():
+            print(f"--- {node}\n{stacks}\n{log}")
+        assert reduced, "the ranks did not finish their all-reduces: their stacks are printed above"
     done.touch()
     cluster.shutdown(timeout=120)  # raises NodeFailedError had a node died (signal 11)
     assert len(results) == 4 and all(r["loaded"] for r in results) and not any(r["ran"] for r in results), results

@@ -16,6 +16,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import struct
 import subprocess
@@ -212,6 +213,17 @@ def holds_secret(text: bytes, secret_hex: str) -> bool:
     """The 64-hex cluster secret in any of the forms it could take: text, raw bytes, base64."""
     raw = bytes.fromhex(secret_hex)
     return any(form in text for form in (secret_hex.encode(), raw, base64.b64encode(raw)[:40]))
+
+
+class Keep(logging.Handler):
+    """The warnings logged while it is attached (``lines``): what a driver program said."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from capture import Capture  # noqa: E402
-from spark_blocks import holds_secret, jvm_listeners, plaintext, steal  # noqa: E402
+from spark_blocks import Keep, holds_secret, jvm_listeners, plaintext, steal  # noqa: E402
 
 MARK = "tfos-marker-7Q2x"  # 16 bytes
 ROWS = 2000
@@ -53,15 +53,6 @@ def feed_marked(cluster, rdd, attack=None) -> dict:
     metrics = list(cluster.metrics().values())
     return {**attacked, "copies": cap.payload(job_ports(cluster)).count(MARK.encode()), "encrypted": cluster.config.key.encrypt,
             "rows": sum(m["rows"] for m in metrics), "seen": sum(m["seen"] for m in metrics)}
-
-
-class Keep(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 def main():

@@ -22,8 +22,8 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hosts import DRIVER_ADDRESS  # noqa: E402
-from spark_blocks import (holds_secret, jvm_listeners, plaintext, quiet_block_errors, read_slowly,  # noqa: E402
-                          row_text, steal)
+from spark_blocks import (Keep, holds_secret, jvm_listeners, plaintext, quiet_block_errors,  # noqa: E402
+                          read_slowly, row_text, steal)
 
 ROWS = 2000
 
@@ -40,15 +40,6 @@ def tree_ports(address: str, netns: str, root: int) -> list[tuple[str, int]]:
         if owners & pids and '"java"' in line:
             ports.add((address, int(line.split()[3].rsplit(":", 1)[1])))
     return sorted(ports)
-
-
-class Keep(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 def main(master: str, properties: str, attacker: str, workers: list[str]) -> None:

@@ -43,7 +43,7 @@ def check_sums(size: int) -> dict:
 def worker(mode: str, out: str) -> None:
     """A worker outside a tfos cluster (TF_CONFIG and TFOS_REDUCERS set by the test). ``sums``:
     write check_sums and a broadcast; ``loop``: all-reduce 8 MiB in a tf.function until an error,
-    then write its type, text and time."""
+    then write its type, text and time; ``pauses``: the same with 2 s between all-reduces."""
     from tfos import keras_dist
 
     rank, size = keras_dist.init_collectives(implementation="reduction_server",
@@ -63,6 +63,8 @@ def worker(mode: str, out: str) -> None:
     try:
         while True:
             step()
+            if mode == "pauses":
+                time.sleep(2.0)
             if not started:
                 started = True
                 with open(out + ".started", "w") as f:

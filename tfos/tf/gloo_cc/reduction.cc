@@ -46,6 +46,7 @@ struct Reduction {
   std::vector<std::string> names;  // reducer r's name in errors (node, host)
   int64_t calls = 0;
   bool broken = false;  // a call failed: Gloo's pairs may still write into quarantined buffers
+  std::string broken_by;  // the worker side's first failure, repeated by every later call
   std::mutex calls_mu;  // one call at a time: the reducers take the calls in the order they come
 };
 
@@ -99,7 +100,8 @@ int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const void* cons
   }
   std::lock_guard<std::mutex> one_call(red->calls_mu);
   if (red->broken) {
-    say("an earlier all-reduce of this group failed; its connections are not used again (restart the cluster)");
+    say("an earlier all-reduce of this group failed (" + red->broken_by +
+        "); its connections are not used again (restart the cluster)");
     return 1;
   }
   std::string bad;
@@ -141,22 +143,24 @@ int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const void* cons
     }
   }
   const int64_t call = red->calls++;
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
-  std::vector<std::pair<int, c10::intrusive_ptr<c10d::Work>>> recvs;  // (reducer, work)
+  std::vector<std::pair<int, c10::intrusive_ptr<c10d::Work>>> sends, recvs;  // (reducer, work)
   std::string failure;
+  int with = -1;  // the reducer of the transfer being started or waited for: every failure names it
   try {
     for (int r = 0; r < R; ++r) {
+      with = r;
       auto& h = plans->header[r];
       h = {kMagic, call, static_cast<int64_t>(plans->shards[r].size()), 0};
       std::vector<at::Tensor> ht{at::from_blob(h.data(), {4}, at::kLong)};
-      sends.push_back(red->pg->send(ht, W + r, kHeaderTag));
+      sends.emplace_back(r, red->pg->send(ht, W + r, kHeaderTag));
       if (!plans->plan[r].empty()) {
         std::vector<at::Tensor> pt{
             at::from_blob(plans->plan[r].data(), {static_cast<int64_t>(plans->plan[r].size())}, at::kLong)};
-        sends.push_back(red->pg->send(pt, W + r, kPlanTag));
+        sends.emplace_back(r, red->pg->send(pt, W + r, kPlanTag));
       }
     }
     for (const auto& [r, k] : order) {
+      with = r;
       const Shard& s = plans->shards[r][k];
       const int64_t item = static_cast<int64_t>(c10::elementSize(kTorchTypes[types[s.buffer]]));
       if (copy_from[s.buffer] != nullptr) {  // an input TF keeps: copied shard by shard, as it goes
@@ -164,16 +168,24 @@ int tfos_rs_allreduce(int64_t handle, int n, void* const* data, const void* cons
                     static_cast<const char*>(copy_from[s.buffer]) + s.offset * item, static_cast<size_t>(s.count * item));
       }
       std::vector<at::Tensor> part{blob(static_cast<char*>(data[s.buffer]) + s.offset * item, s.count, types[s.buffer])};
-      sends.push_back(red->pg->send(part, W + r, kDataTag));
+      sends.emplace_back(r, red->pg->send(part, W + r, kDataTag));
       recvs.emplace_back(r, red->pg->recv(part, W + r, kDataTag));
     }
-    for (auto& [r, w] : recvs) wait_for(w, timeout_ms, red->names[r] + " died or stopped answering");
-    for (auto& w : sends) wait_for(w, timeout_ms, "a send to a reducer");
+    for (auto& [r, w] : recvs) {
+      with = r;
+      wait_for(w, timeout_ms, "no sum back");
+    }
+    for (auto& [r, w] : sends) {
+      with = r;
+      wait_for(w, timeout_ms, "a send not taken");
+    }
   } catch (const std::exception& e) {
-    failure = e.what();
+    // Gloo's own errors name an address at most: say which reducer it is (node, host)
+    failure = (with >= 0 ? red->names[with] + " died or stopped answering: " : std::string()) + e.what();
   }
   if (!failure.empty()) {
     red->broken = true;  // plans leaked on purpose: sends may still read them
+    red->broken_by = failure;
     say(failure);
     return 2;
   }

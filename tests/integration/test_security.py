@@ -168,8 +168,9 @@ def test_another_user_fetching_every_spark_block_finds_no_secret_and_no_fed_row(
 
 
 def reduce_while_probed(files, ctx):
-    """MWMS all-reduces for several seconds once ``go_file`` appears (while strangers' TF clients try
-    the node's ports), then stay up until ``done_file`` appears."""
+    """180 MWMS all-reduces (about 10 s) once ``go_file`` appears (while strangers' TF clients try
+    the node's ports), then stay up until ``done_file`` appears. A count, not a time: with a deadline
+    of its own each rank could stop one all-reduce apart, and the other would wait in it for good."""
     import time
 
     import tensorflow as tf
@@ -179,8 +180,7 @@ def reduce_while_probed(files, ctx):
     while not os.path.exists(go_file):
         time.sleep(0.1)
     totals = []
-    end = time.monotonic() + 12
-    while time.monotonic() < end:
+    for _ in range(180):
         totals.append(float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)))
         time.sleep(0.05)
     ctx.report(steps=len(totals), right=all(t == 2.0 for t in totals))
@@ -217,10 +217,9 @@ def test_strangers_tf_clients_during_collectives_leave_every_node_to_finish_clea
                        60)
     if not reduced:  # say where each rank stands (a stranger's request in a collective: docs/security.md)
         print(cluster.lifecycle.phase, results, cluster.metrics(), sep="\n")
-        for node, (stacks, log) in cluster.dump_stacks().items():
-            print(f"--- {node}\n{stacks}\n{log}")
+        print(cluster.dump_stacks())
         assert reduced, "the ranks did not finish their all-reduces: their stacks are printed above"
     done.touch()
     cluster.shutdown(timeout=120)  # raises NodeFailedError had a node died (signal 11)
     assert len(results) == 4 and all(r["loaded"] for r in results) and not any(r["ran"] for r in results), results
-    assert all(m["right"] and m["steps"] > 10 for m in cluster.metrics().values()), cluster.metrics()
+    assert all(m["right"] and m["steps"] == 180 for m in cluster.metrics().values()), cluster.metrics()

@@ -254,7 +254,8 @@ def test_keras_fit_killed_mid_training_resumes_at_the_epoch_after_its_backup(tfo
         np.testing.assert_array_equal(w0[k], w1[k])
 
 
-@pytest.mark.parametrize("notice,keras_version", [("sigterm", "3"), ("executor_ends", "3"), ("sigterm", "2")])
+# SIGTERM with Keras 3: tests/multihost/test_restarts.py::test_keras_fit_across_hosts_told_to_go_...
+@pytest.mark.parametrize("notice,keras_version", [("executor_ends", "3"), ("sigterm", "2")])
 def test_keras_fit_told_to_go_saves_at_one_step_and_resumes_from_it(tfos_cluster, tmp_path, notice, keras_version):
     """Keras 3 fit through tfos.keras_dist, and tf_keras fit under MWMS with
     BackupAndRestore(save_before_preemption=True) (TF's PreemptionCheckpointHandler agrees on the

@@ -1,6 +1,7 @@
 """The fault matrix across hosts: each fault reaches the driver as a TFOSError naming node, role,
 host and cause within 30 s, nothing hangs, and no tfos process is left behind (the autouse
-leftover check of tests/conftest.py runs after each test)."""
+leftover check of tests/conftest.py runs after each test). A whole host killed: in
+test_restarts.py, whose restart test checks the same error first."""
 
 import re
 import signal
@@ -83,11 +84,11 @@ def _surfaced(cluster, t_fault: float) -> tuple[TFOSError, float]:
     pytest.fail("no error on the driver within 90s of the fault")
 
 
-def _assert_names(err: BaseException, cluster, node: dict, cause: str) -> None:
+def _assert_names(err: BaseException, nodes: list[dict], node: dict, cause: str) -> None:
     """The error names a node with its role and host, and a cause. The node is the one hit by the
     fault, or a peer whose collective failed first because of it (then the cause is TF's)."""
     text = str(err)
-    named = [n for n in cluster.nodes
+    named = [n for n in nodes
              if re.search(rf"node {n['node_index']} \({n['job_name']}:{n['task_index']} on {re.escape(n['host'])}\)",
                           text)]
     assert named, text
@@ -96,8 +97,9 @@ def _assert_names(err: BaseException, cluster, node: dict, cause: str) -> None:
     assert re.search(cause, text), text
 
 
-def _check_error(err, secs: float, cluster, node: dict, cause: str, record_property) -> None:
-    _assert_names(err, cluster, node, cause)
+def _check_error(err, secs: float, cluster, node: dict, cause: str, record_property, nodes=None) -> None:
+    """``nodes``: the attempt's nodes (default: the cluster's now)."""
+    _assert_names(err, cluster.nodes if nodes is None else nodes, node, cause)
     assert secs < SURFACE_SECS, secs
     record_property("seconds_to_error", round(secs, 1))
 
@@ -153,22 +155,6 @@ def test_network_cut_mid_feed(mh_sc, hosts, record_property):
     finally:
         hosts.reconnect(host)
         _cleanup(cluster)
-
-
-def test_whole_host_killed_mid_training(mh_sc, hosts, record_property):
-    cluster = TFCluster.run(mh_sc, allreduce_loop, None, 2, 0, master_node="chief", **FAST)
-    node, host = _victim(cluster, hosts)
-    try:
-        _wait_steps(cluster)
-        t0 = time.monotonic()
-        assert hosts.kill_host(host) > 0
-        err, secs = _surfaced(cluster, t0)
-        _check_error(err, secs, cluster, node, "lost the node agent|lost contact with the node agent|reservation job failed|executor",
-                     record_property)
-        _shutdown_raises(cluster)
-    finally:
-        _cleanup(cluster)
-        hosts.restart_worker(host)
 
 
 def test_agent_killed_takes_the_tf_process_and_all_its_descendants(mh_sc, hosts, record_property):

@@ -8,24 +8,31 @@ import threading
 import time
 
 from tfos import TFCluster
-from tfos.errors import Cause, TFOSError
+from tfos.errors import Cause, TFOSError, format_failures
 from tfos.testing import wait_for
 
 from restart_programs import checkpointed_steps, evictable_steps, fed_steps, ps_checkpointed_steps, trained_ids
-from test_faults import FAST, _victim, _wait_steps
+from test_faults import FAST, _check_error, _victim, _wait_steps
 
 
 def test_whole_host_killed_mid_training_restarts_on_the_other_hosts(mh_sc, hosts, tmp_path, record_property):
+    """The fault matrix's whole-host kill too: within 30 s the driver knows, naming the node, role,
+    host and cause (or a peer's failed collective), and restarts on the other hosts."""
     cluster = TFCluster.run(mh_sc, checkpointed_steps, {"steps": 300, "out": str(tmp_path)}, 2, 0,
                             master_node="chief", max_restarts=1, restart_backoff=1,
                             checkpoint_dir=str(tmp_path / "ckpt"), reservation_timeout=180, **FAST)
     node, host = _victim(cluster, hosts)
     try:
         _wait_steps(cluster, at_least=60)
+        first_nodes = cluster.nodes
         t_kill = time.time()
         assert hosts.kill_host(host) > 0
         cluster.shutdown(timeout=600)
         assert cluster.attempt == 1 and cluster.restarts
+        failures = [f for f in cluster.supervisor.every_failure() if f.attempt == 0]
+        _check_error(format_failures(failures), cluster.restarts[0].time - t_kill, cluster, node,
+                     "lost the node agent|lost contact with the node agent|reservation job failed|executor",
+                     record_property, first_nodes)
         ranks = [json.loads((tmp_path / f"attempt-rank{r}.json").read_text()) for r in range(2)]
         assert all(r["attempt"] == 1 and r["steps"] == 300 and 55 <= r["resumed_from"] < 300 for r in ranks), ranks
         assert ranks[0]["weights"] == ranks[1]["weights"]

@@ -16,12 +16,15 @@ the work behind each method lives in the modules named above.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import tempfile
 
 from tfos import topology
-from tfos.cluster.driver import security
+from tfos.cluster.driver import options, security as sec
+from tfos.cluster.driver.options import (DistributionConfig, FailureConfig, RunConfig, ScalingConfig,
+                                         SecurityConfig)
 from tfos.cluster.driver import spark as S
 from tfos.cluster.driver.lifecycle import Phase
 from tfos.cluster.driver.progress import quiet_py4j
@@ -104,7 +107,10 @@ class TFCluster:
         return self.supervisor.config.attempt
 
     @classmethod
-    def reserve(cls, sc, num_executors, num_ps: int = 0, *, min_executors: int | None = None,
+    def reserve(cls, sc, num_executors=None, num_ps: int = 0, *, scaling: ScalingConfig | None = None,
+                failures: FailureConfig | None = None, security: SecurityConfig | None = None,
+                distribution: DistributionConfig | None = None, run: RunConfig | None = None,
+                min_executors: int | None = None,
                 size_wait: float = 15.0, grow_interval: float | None = 60.0, eviction_grace: float = 30.0,
                 master_node: str | None = "chief",
                 eval_node: bool = False, reservation_timeout: float = 600, num_gpus: int = 0,
@@ -191,7 +197,17 @@ class TFCluster:
         it has registered, while it waits for the other nodes, so main_fun starts with TF loaded.
         TF then reads its import-time environment before main_fun runs: put such settings
         (``TF_ENABLE_ONEDNN_OPTS``, ``TF_CPP_MIN_LOG_LEVEL``) in ``env``, or pass False.
+
+        The same settings in groups: ``scaling=ScalingConfig(...)``, ``failures=FailureConfig(...)``,
+        ``security=SecurityConfig(...)``, ``distribution=DistributionConfig(...)``,
+        ``run=RunConfig(...)`` (tfos.cluster.driver.options; each field is the keyword of its name).
         """
+        groups = {"scaling": scaling, "failures": failures, "security": security, "distribution": distribution,
+                  "run": run}
+        given = {k: v for k, v in locals().items() if k in _RESERVE_DEFAULTS}
+        if any(g is not None for g in groups.values()):
+            return cls.reserve(sc, **options.keywords(groups, given, _RESERVE_DEFAULTS))
+        options.check(given)
         min_nodes, num_executors = size_range(num_executors, min_executors)
         validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout,
                          InputMode.TENSORFLOW if input_mode is None else input_mode, num_gpus, max_restarts,
@@ -236,14 +252,14 @@ class TFCluster:
                               f"reducers); backend {backend_obj.name!r} does not all-reduce through them: set "
                               "num_reducers=0")
         spark_conf = spark.conf()
-        encrypted, note = security.encryption(encrypt, spark_conf)
+        encrypted, note = sec.encryption(encrypt, spark_conf)
         if note:
             logger.warning("tfos: %s", note)
-        exposure = security.spark_rpc_exposure(spark_conf, encrypted)
+        exposure = sec.spark_rpc_exposure(spark_conf, encrypted)
         if exposure:  # once per process: a notebook starting cluster after cluster hears it once
             (logger.info if exposure in _SAID else logger.warning)("tfos: %s", exposure)
             _SAID.add(exposure)
-        refused, accepted = security.refusal(backend_obj.unprotected(num_gpus), encrypted, bool(allow_unprotected))
+        refused, accepted = sec.refusal(backend_obj.unprotected(num_gpus), encrypted, bool(allow_unprotected))
         if refused:
             raise ConfigError(refused)
         if accepted:
@@ -372,7 +388,7 @@ class TFCluster:
         import mlflow
 
         uri = mlflow.get_tracking_uri()
-        if self.config.key.encrypt and security.plain_http_elsewhere(uri):
+        if self.config.key.encrypt and sec.plain_http_elsewhere(uri):
             logger.warning("tfos: the MLflow tracking server %s is reached over plain HTTP: the run's parameters, "
                            "metrics and model travel in clear although the cluster is encrypted; use https://", uri)
 
@@ -529,3 +545,7 @@ class TFCluster:
         self.service.stop()
 
 TFCluster.TFCluster = TFCluster  # TensorFlowOnSpark's module.class name: `TFCluster.TFCluster` after the rename
+
+#: reserve()'s settings and their defaults: the groups' fields map onto them (options.keywords)
+_RESERVE_DEFAULTS = {name: p.default for name, p in inspect.signature(TFCluster.reserve).parameters.items()
+                     if name != "sc" and name not in options.GROUPS}

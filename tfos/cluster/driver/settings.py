@@ -11,6 +11,7 @@ import importlib.util
 import uuid
 
 from tfos import topology
+from tfos.cluster.driver.options import check, seconds
 from tfos.errors import ConfigError
 from tfos.host.versions import local_versions
 from tfos.topology import InputMode
@@ -20,29 +21,17 @@ from tfos.wire.channel import new_secret
 
 def validate_reserve(num_executors, num_ps, master_node, eval_node, reservation_timeout, input_mode,
                      num_gpus, max_restarts=0, num_reducers=0) -> None:
-    """Pure: reject bad arguments before any Spark job starts. Messages say what to change."""
-    if not isinstance(num_reducers, int) or isinstance(num_reducers, bool) or num_reducers < 0:
-        raise ConfigError(f"num_reducers must be an int >= 0, got {num_reducers!r}")
+    """Pure: reject bad arguments before any Spark job starts. Messages say what to change. Each
+    value on its own: :data:`tfos.cluster.driver.options.CHECKS`; here what needs several."""
+    check(dict(num_reducers=num_reducers, num_ps=num_ps, master_node=master_node,
+               reservation_timeout=reservation_timeout, input_mode=input_mode, num_gpus=num_gpus,
+               max_restarts=max_restarts))
     if not isinstance(num_executors, int) or isinstance(num_executors, bool) or num_executors < 1:
         raise ConfigError(f"num_executors must be a positive int, got {num_executors!r}")
-    if not isinstance(num_ps, int) or isinstance(num_ps, bool) or num_ps < 0:
-        raise ConfigError(f"num_ps must be an int >= 0, got {num_ps!r}")
     if num_executors - num_ps - (1 if eval_node else 0) < 1:
         raise ConfigError(
             f"num_executors={num_executors} leaves no node to train after {num_ps} ps node(s)"
             f"{' and 1 evaluator' if eval_node else ''}; raise num_executors or lower num_ps")
-    if master_node is not None and master_node not in topology.CHIEF_JOBS:
-        raise ConfigError(f"master_node must be 'chief', 'master' or None, got {master_node!r}")
-    if not (isinstance(reservation_timeout, (int, float)) and reservation_timeout > 0):
-        raise ConfigError(f"reservation_timeout must be a positive number of seconds, got {reservation_timeout!r}")
-    try:
-        InputMode(input_mode)
-    except ValueError:
-        raise ConfigError(f"input_mode must be InputMode.TENSORFLOW or InputMode.SPARK, got {input_mode!r}") from None
-    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 0:
-        raise ConfigError(f"num_gpus must be an int >= 0, got {num_gpus!r}")
-    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-        raise ConfigError(f"max_restarts must be an int >= 0 (0: a node failure ends the run), got {max_restarts!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,14 +112,6 @@ def size_to_start(offered: int | None, lo: int, hi: int, waited: float, size_wai
     if offered >= lo and waited >= size_wait:
         return offered
     return None
-
-
-def seconds(name: str, value, allow_zero: bool = False) -> float:
-    """Pure: a duration setting as float seconds, or ConfigError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number of seconds, "
-                          f"got {value!r}")
-    return float(value)
 
 
 def cluster_config(address, roles, *, reservation_timeout, log_dir, default_fs, num_gpus=0, env=None,

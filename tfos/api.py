@@ -6,8 +6,8 @@ at reserve time. The work lives behind it: the supervisor (``supervisor``: phase
 restarts, the failure policy), the node registry and feed scheduler behind the control service
 (``registry``, ``tfos.feed.driver.scheduler``, ``service``), the feeding jobs
 (``tfos.feed.driver.jobs``), and the progress bar, timeline and TensorBoard (``progress``,
-``tensorboard``), the MLflow run (``tracking``) and the checks of reserve()'s arguments
-(``settings``).
+``tensorboard``), the MLflow run (``tracking``), reserve()'s settings in groups and their one
+table of checks (``options``) and the checks that need several settings (``settings``).
 
 Past 450 lines only by reserve()'s argument list and its docstring (the public API's reference);
 the work behind each method lives in the modules named above.

@@ -161,6 +161,9 @@ def _input_mode(name: str, value) -> None:
         raise ConfigError(f"{name} must be InputMode.TENSORFLOW or InputMode.SPARK, got {value!r}") from None
 
 
+#: reserve(node_output=...): whose printed lines reach the driver's console
+NODE_OUTPUT = ("chief", "all", "none")
+
 #: every setting checked on its own: name -> check(name, value) (ConfigError naming the setting)
 CHECKS: dict[str, Callable[[str, Any], None]] = {
     "num_ps": _count(0, "an int >= 0"),
@@ -169,7 +172,7 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "max_restarts": _count(0, "an int >= 0 (0: a node failure ends the run)"),
     "tensorboard_port": _count(0, "an int >= 0 (0: any free port)"),
     "master_node": _one_of(topology.CHIEF_JOBS + (None,), "'chief', 'master' or None"),
-    "node_output": _one_of(("chief", "all", "none", None), "'chief' (rank 0's lines), 'all' or None"),
+    "node_output": _one_of(NODE_OUTPUT + (None,), "'chief' (rank 0's lines), 'all' or None"),
     "encrypt": _one_of((True, False, None), "True, False or None (the default: on)"),
     "input_mode": _input_mode,
     "reservation_timeout": _secs(),

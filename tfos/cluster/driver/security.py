@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 from urllib.parse import urlparse
 
-from tfos.errors import ConfigError
+from tfos.cluster.driver.options import check
 
 #: Encrypted unless reserve(encrypt=False): the encrypted feed keeps >= 0.9x of the clear one
 #: (bench/README, security), so the protection costs little enough to be the default everywhere.
@@ -36,8 +36,7 @@ def spark_secured(conf: Mapping[str, str | None]) -> list[str]:
 
 def encryption(encrypt: bool | None, conf: Mapping[str, str | None]) -> tuple[bool, str]:
     """Whether the cluster is encrypted, and a sentence for the log when it is worth one."""
-    if encrypt is not None and not isinstance(encrypt, bool):
-        raise ConfigError(f"encrypt must be True, False or None (the default: {ENCRYPT_BY_DEFAULT}), got {encrypt!r}")
+    check({"encrypt": encrypt})
     secured = spark_secured(conf)
     if encrypt is None:
         return ENCRYPT_BY_DEFAULT or bool(secured), ""

@@ -166,16 +166,10 @@ def gpus_with_reducers(value, num_ps: int, num_reducers: int):
     return value
 
 
-#: reserve(node_output=...): whose printed lines reach the driver's console
-NODE_OUTPUT = ("chief", "all", "none")
-
-
 def output_setting(value) -> str:
     """reserve()'s ``node_output`` as the nodes get it, or ConfigError naming the choices."""
-    value = "none" if value is None else value
-    if value not in NODE_OUTPUT:
-        raise ConfigError(f"node_output must be 'chief' (rank 0's lines), 'all' or None, got {value!r}")
-    return value
+    check({"node_output": value})
+    return "none" if value is None else value
 
 
 def check_picklable(main_fun, tf_args) -> None:

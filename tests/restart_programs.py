@@ -49,25 +49,6 @@ def _write_result(args, ctx, model, opt, resumed_from, first) -> None:
                    "weights": [w.numpy().tolist() for w in model.weights]}, f)
 
 
-def checkpointed_steps(args, ctx):
-    """MWMS training steps up to ``args['steps']``, checkpointed every 5 steps in
-    ctx.checkpoint_dir and restored from it on a restart; each rank writes what it did."""
-    model, opt, manager, resumed_from, step = _restored_mwms_model(ctx)
-    first = None
-    while int(opt.iterations.numpy()) < args["steps"]:
-        step()
-        i = int(opt.iterations.numpy())
-        if first is None:
-            first = time.time()
-            ctx.report(first_step_time=first, attempt=ctx.attempt)
-        if i % 5 == 0:
-            manager.save(checkpoint_number=i)
-            ctx.checkpoint_saved(i)  # a safe point: a smaller cluster may grow back here
-            ctx.report(step=i)
-        time.sleep(0.05)
-    _write_result(args, ctx, model, opt, resumed_from, first)
-
-
 def evictable_steps(args, ctx):
     """MWMS training steps up to ``args['steps']``, checkpointed when ctx.should_checkpoint says so
     (a node must go; unless ``args['ask']`` is False) and every ``args['every']`` steps (0: never),

@@ -137,6 +137,6 @@ def test_doctor_names_each_problem_with_its_fix(tmp_path):
 @pytest.mark.slow
 def test_doctor_on_a_cluster_that_gives_no_executor_says_so_within_its_deadline():
     """Executors of 2 cores on workers of 1: Spark never starts one, the job would wait forever."""
-    out = doctor("--tasks", "1", "--job-timeout", "15", "--conf", "spark.executor.cores=2")
+    out = doctor("--tasks", "1", "--job-timeout", "5", "--conf", "spark.executor.cores=2")
     assert out.returncode == 1, out.stdout + out.stderr[-2000:]
-    assert re.search(r"^executors +FAIL .*did not finish: still running after 15 s \(cancelled\)", out.stdout, re.M)
+    assert re.search(r"^executors +FAIL .*did not finish: still running after 5 s \(cancelled\)", out.stdout, re.M)

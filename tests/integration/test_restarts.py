@@ -1,5 +1,11 @@
 """Restarts (max_restarts) on the shared local-cluster: a failed node makes tfos stop every node
-and start them all again from main_fun, which resumes from ctx.checkpoint_dir."""
+and start them all again from main_fun, which resumes from ctx.checkpoint_dir.
+
+Elsewhere: an MWMS program on file shards killed and resumed from its checkpoint
+(tests/hadoop/test_training_on_hdfs.py, Horovod's in tests/e2e/test_horovod.py); an executor JVM
+that dies and the restart on the executor Spark starts in its place (here the told-to-go test with
+``executor_ends``; a YARN container killed in tests/hadoop/test_yarn.py; an executor pod deleted in
+tests/kubernetes)."""
 
 import collections
 import json
@@ -16,29 +22,7 @@ from tfos import InputMode, NonRetryable
 from tfos.errors import NodeFailedError, ReservationTimeoutError
 from tfos.testing import wait_for
 
-from restart_programs import checkpointed_steps, fed_steps, kill_rank_1_at_half_and_check, trained_ids
-
-
-@pytest.mark.slow
-def test_mwms_digits_killed_at_half_resumes_from_its_checkpoint(tfos_cluster, tmp_path):
-    import digits_tf
-
-    data, out = tmp_path / "data", tmp_path / "out"
-    info = digits_tf.prepare_shards(str(data))
-    # 30 epochs of 21 steps: long enough (several seconds) for the kill to land mid-training
-    args = SimpleNamespace(data_dir=str(data), output_dir=str(out), epochs=30, batch_size=32, learning_rate=0.01,
-                           train_rows=info["train_rows"], checkpoint_every=5)
-    planned = args.epochs * (info["train_rows"] // 64)
-    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=1, stop_grace_secs=2, report_interval=0.2,
-                           checkpoint_dir=str(tmp_path / "ckpt"))
-    cluster.start(digits_tf.main_fun, args, input_mode=InputMode.TENSORFLOW)
-    ranks = kill_rank_1_at_half_and_check(cluster, planned, out)
-    assert all(planned // 2 - 10 <= r["resumed_from"] < planned for r in ranks), ranks  # from the checkpoint
-    result = json.loads((out / "result.json").read_text())
-    assert result["attempt"] == 1  # accuracy: the e2e examples train to it; here the resume is checked
-    w0, w1 = np.load(out / "weights-rank0.npz"), np.load(out / "weights-rank1.npz")
-    for k in w0.files:
-        np.testing.assert_array_equal(w0[k], w1[k])
+from restart_programs import fed_steps, trained_ids
 
 
 def read_ids_slowly(args, ctx):
@@ -54,7 +38,7 @@ def read_ids_slowly(args, ctx):
 
 
 def test_spark_feed_node_killed_in_epoch_2_feeds_that_epoch_again(tfos_cluster, spark, tmp_path):
-    n = 3000
+    n = 1600
     df = spark.range(0, n, 1, 6).selectExpr("id", "cast(id as float) as x")
     cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2, report_interval=0.2)
     cluster.start(read_ids_slowly, str(tmp_path), input_mode=InputMode.SPARK)
@@ -141,7 +125,7 @@ def wait_for_feed(args, ctx):
 
 
 def test_slots_taken_while_restarting_raise_reservation_timeout(tfos_cluster, sc):
-    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2, reservation_timeout=10)
+    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=0, stop_grace_secs=2, reservation_timeout=5)
     cluster.start(wait_for_feed, None, input_mode=InputMode.SPARK)
 
     def occupy_both_slots():  # another job takes the executors the restart needs
@@ -161,30 +145,10 @@ def test_slots_taken_while_restarting_raise_reservation_timeout(tfos_cluster, sc
         t0 = time.monotonic()
         with pytest.raises(ReservationTimeoutError, match="reservation_timeout"):
             cluster.train(sc.parallelize([(1.0,)] * 10, 2))
-        assert time.monotonic() - t0 < 10 + 40
+        assert time.monotonic() - t0 < 5 + 40
     finally:
         sc.cancelJobGroup("tfos-test-blocker")
         blocker.join(30)
-
-
-def test_executor_jvm_killed_restarts_on_the_executor_spark_puts_in_its_place(tfos_cluster, tmp_path):
-    """The executor JVM of node 1 dies: its agent stops the TF process, the driver restarts the
-    cluster once the standalone worker has started a replacement executor."""
-    import psutil
-
-    cluster = tfos_cluster(2, 0, max_restarts=1, restart_backoff=1, stop_grace_secs=2, report_interval=0.2,
-                           checkpoint_dir=str(tmp_path / "ckpt"), reservation_timeout=180)
-    cluster.start(checkpointed_steps, {"steps": 200, "out": str(tmp_path)}, input_mode=InputMode.TENSORFLOW)
-    assert wait_for(lambda: min(m.get("step", 0) for m in cluster.metrics().values()) >= 40, 300)
-    proc = psutil.Process(cluster.registry.nodes[1].agent.agent_pid)
-    jvm = next(p for p in proc.parents() if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline()))
-    jvm.kill()
-    cluster.shutdown(timeout=600)
-
-    assert cluster.attempt == 1 and cluster.restarts
-    ranks = [json.loads((tmp_path / f"attempt-rank{r}.json").read_text()) for r in range(2)]
-    assert all(r["attempt"] == 1 and r["steps"] == 200 and 35 <= r["resumed_from"] < 200 for r in ranks), ranks
-    assert ranks[0]["weights"] == ranks[1]["weights"]
 
 
 def answer_slowly(args, ctx):
@@ -269,7 +233,7 @@ def test_keras_fit_told_to_go_saves_at_one_step_and_resumes_from_it(tfos_cluster
     import digits_keras_fit
     import digits_tf
 
-    epochs = 40  # about 6 s of fit: the agent sees its JVM end at its next heartbeat_interval check
+    epochs = 20  # about 3 s of fit: the agent sees its JVM end at its next heartbeat_interval check
     args = SimpleNamespace(keras=keras_version, epochs=epochs, batch_size=32, learning_rate=0.01, compression=None,
                            data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "out"))
     os.makedirs(args.output_dir)

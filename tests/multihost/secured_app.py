@@ -6,7 +6,11 @@ from a properties file only root reads, with ``spark.network.crypto.enabled`` an
 
 A 2-node cluster is fed slowly; meanwhile another user (uid 65534) in ATTACKER_NETNS asks every port
 of this application's JVMs (the driver's, and those of each worker's process tree: the worker and
-its executor) for every broadcast block. Prints one line: ``RESULT {json}``."""
+its executor) for every broadcast block. Prints one line: ``RESULT {json}``.
+
+Then the fault matrix's driver kill, on this application (no second one to start): a 2-node cluster
+(heartbeat_timeout 10 s, stop grace 2 s) fed a slow reader without end; prints ``FEEDING`` once
+both nodes read fed rows, and waits to be SIGKILLed."""
 
 import json
 import logging
@@ -21,6 +25,7 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from driver_to_kill import slow_reader  # noqa: E402
 from hosts import DRIVER_ADDRESS  # noqa: E402
 from spark_blocks import (Keep, holds_secret, jvm_listeners, plaintext, quiet_block_errors,  # noqa: E402
                           read_slowly, row_text, steal)
@@ -100,8 +105,21 @@ def main(master: str, properties: str, attacker: str, workers: list[str]) -> Non
               "rows_during_attack": during, "rows": sum(m["rows"] for m in cluster.metrics().values()),
               "nodes_hosts": sorted({n["host"] for n in cluster.nodes}),
               "crypto": sc.getConf().get("spark.network.crypto.enabled"), "warnings": kept.lines}
-    spark.stop()
     print("RESULT " + json.dumps(result), flush=True)
+    feed_until_killed(sc)
+
+
+def feed_until_killed(sc) -> None:
+    """A cluster fed forever (the driver is SIGKILLed meanwhile): ``FEEDING`` once both nodes read."""
+    from tfos import InputMode, TFCluster
+
+    cluster = TFCluster.run(sc, slow_reader, None, 2, 0, input_mode=InputMode.SPARK, master_node="chief",
+                            heartbeat_interval=1.0, heartbeat_timeout=10.0, stop_grace_secs=2.0, progress=False)
+    threading.Thread(target=cluster.train, args=(sc.parallelize(range(10_000_000), 4),), daemon=True).start()
+    while not (len(cluster.metrics()) == 2 and all(m.get("rows", 0) >= 200 for m in cluster.metrics().values())):
+        time.sleep(0.2)
+    print("FEEDING", flush=True)
+    time.sleep(3600)
 
 
 if __name__ == "__main__":

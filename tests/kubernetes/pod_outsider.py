@@ -2,7 +2,8 @@
 running tfos job's executor pods and driver. Prints one JSON object.
 
     python pod_outsider.py TARGETS_JSON
-TARGETS_JSON: {"pods": [{"ip", "tf_port", "tunnel_port", "private"}], "control": ["host", port]}
+TARGETS_JSON: {"pods": [{"ip", "job", "tf_port", "tunnel_port", "private"}], "control": ["host", port]}
+("job": the node's TF job name, which a remote eager client names its target task by; task 0 of each)
 """
 
 import json
@@ -12,9 +13,9 @@ import sys
 import outsider  # tests/outsider.py: the test sends its code to the pod as this module
 
 
-def eager(pool, address):
+def eager(pool, address, job):
     """TF's remote eager client at ``address`` (tests/outsider.py's probe, 20 s once it connects)."""
-    return pool.submit(lambda: outsider.run_all([outsider.eager(address)], window=20.0)[0])
+    return pool.submit(lambda: outsider.run_all([outsider.eager(address, job)], window=20.0)[0])
 
 
 def connect(host, port, timeout=3.0):
@@ -66,13 +67,13 @@ def main():
     host, port = targets["control"]
     with ThreadPoolExecutor(16) as pool:  # all at once: TF's client never gives up, each probe has its window
         pods = [{"ip": p["ip"],
-                 "eager_tf_port": eager(pool, f"{p['ip']}:{p['tf_port']}"),
-                 "eager_tunnel": eager(pool, f"{p['ip']}:{p['tunnel_port']}"),
-                 "eager_private": eager(pool, p["private"]),  # the node's private address, from here
+                 "eager_tf_port": eager(pool, f"{p['ip']}:{p['tf_port']}", p["job"]),
+                 "eager_tunnel": eager(pool, f"{p['ip']}:{p['tunnel_port']}", p["job"]),
+                 "eager_private": eager(pool, p["private"], p["job"]),  # the node's private address, from here
                  "tunnel_junk": pool.submit(junk, p["ip"], p["tunnel_port"]),
                  "tf_port": pool.submit(connect, p["ip"], p["tf_port"]),
                  "open_ports": pool.submit(scan, p["ip"])} for p in targets["pods"]]
-        control = {"junk": pool.submit(junk, host, port), "eager": eager(pool, f"{host}:{port}")}
+        control = {"junk": pool.submit(junk, host, port), "eager": eager(pool, f"{host}:{port}", "worker")}
         out = {"pods": [{k: (v.result() if hasattr(v, "result") else v) for k, v in p.items()} for p in pods],
                "control": {k: v.result() for k, v in control.items()}}
     print("RESULT " + json.dumps(out), flush=True)

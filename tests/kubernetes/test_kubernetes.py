@@ -5,36 +5,62 @@ manager and a kubelet running containers through containerd and runc, with the i
 * digits trains to accuracy with ``spark-submit --master k8s://...`` in client and in cluster mode,
   the nodes on the pods' own loopback (tunnel mode "pod"), the tunnel prebuilt in the image;
 * an outsider pod (another uid, no secret, same namespace) gets nothing from a running job: TF's
-  gRPC, the tunnels, the driver's control service, a scan of the executor pods' ports.
+  gRPC, the tunnels, the driver's control service, a scan of the executor pods' ports;
+* an executor pod deleted mid-training loses no step, and the cluster grows back;
+* an OOM-killed TF process's error names the pod's memory limit and the setting to raise.
+
+A submission's start (a driver JVM, executor pods, their JVMs) is most of what a job costs here, so
+two submissions serve every test but the first (the ``apps`` fixture): one client-mode application
+(client_job.py) runs, on the same two executor pods, digits behind the outsider's target, then the
+pod-deletion training, then the OOM; the cluster-mode digits (the example as the image holds it)
+starts once the pod-deletion training has grown back, beside what is left of the first (steps to
+the end and the OOM, which no clock decides). Each test checks its part of what they did.
 """
 
 import json
+import shutil
+import subprocess
 import time
+import traceback
+import types
 from pathlib import Path
 
 import pytest
 
-from tfos.testing.kubernetes import NAMESPACE
+from tfos.testing.kubernetes import NAMESPACE, NODE_IP
 from tfos.testing.kubernetes import spark as k8s_spark
 from tfos.testing.kubernetes.manifests import RESTRICTED
 
 HERE = Path(__file__).parent
-DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits" / "digits_tf.py"
+CONTROL_PORT = 29901  # the client-mode driver's control service while the outsider probes it
+EVICT_STEPS = 700
+CLUSTER_LABEL = "tfos-test=digits-cluster"  # the cluster-mode application's pods (beside the client one's)
+#: the tests that read the applications: the first one to run waits for both (setup counts in pytest-timeout)
+APPS_TIMEOUT = 2400
 
 
 def pods(k8s, selector="spark-role=executor"):
     return json.loads(k8s.kubectl("-n", NAMESPACE, "get", "pods", "-l", selector, "-o", "json").stdout)["items"]
 
 
-def wait_for(what, check, timeout=300.0):
+def wait_for(what, check, timeout=300.0, interval=1.0, gone=None):
+    """``check()``'s first true value, polled every ``interval`` s; AssertionError after ``timeout``
+    s, or as soon as ``gone()`` says why it never will be."""
     deadline = time.monotonic() + timeout
     while True:
         got = check()
         if got:
             return got
+        why = gone() if gone else None
+        if why:
+            raise AssertionError(f"{what}: never, {why}")
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not within {timeout:.0f}s")
-        time.sleep(1.0)
+        time.sleep(interval)
+
+
+def tail(path: Path, n: int = 4000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} is missing)"
 
 
 def test_restricted_is_enforced_on_the_namespace(k8s):
@@ -48,82 +74,194 @@ def test_restricted_is_enforced_on_the_namespace(k8s):
     assert done.returncode != 0 and 'violates PodSecurity "restricted' in done.stderr, done.stderr
 
 
-def digits(k8s, mode, epochs=3):
-    """digits_tf.py on Kubernetes in ``mode``; its result.json and spark-submit's output."""
-    out = k8s_spark.job_dir(k8s, f"digits-{mode}")
-    app = str(DIGITS) if mode == "client" else "local:///opt/tfos/examples/digits/digits_tf.py"
-    done = k8s_spark.spark_submit(k8s, mode, app, ["--epochs", epochs, "--data-dir", out / "data",
-                                                   "--output-dir", out / "out", "--export-dir", out / "export"],
-                                  extra={"spark.kubernetes.executor.deleteOnTermination": "false"}, timeout=900)
-    result = out / "out" / "result.json"
-    assert done.returncode == 0 and result.exists(), done.stdout[-4000:]
-    return json.loads(result.read_text()), done.stdout, out
+# ---------------------------------------------------------------------- the two applications
+
+def fresh_dir(k8s, name: str) -> Path:
+    shutil.rmtree(k8s_spark.shared_dir(k8s) / name, ignore_errors=True)
+    return k8s_spark.job_dir(k8s, name)
 
 
-def check_executor_pods(k8s):
-    """The job's executor pods ran under "restricted", as the job's uid, and their nodes said which
-    tunnel they run (prebuilt in the image) and in which mode (the pod's own loopback)."""
-    executors = pods(k8s)
-    assert len(executors) >= 2
+def attempt(app, name, fn):
+    """``fn()``; its traceback in ``app.errors[name]`` instead of raising (the later steps run either way)."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 (the test of that part reports it)
+        app.errors[name] = traceback.format_exc()
+        return None
+
+
+def ended(app, proc, phase: str):
+    """Why the client application will never reach a point of ``phase`` (None while it may)."""
+    if proc.poll() is not None:
+        return f"spark-submit exited {proc.returncode}: {tail(app.log, 3000)}"
+    if (app.dirs[phase] / "phase.json").exists():
+        return f"its phase ended: {(app.dirs[phase] / 'phase.json').read_text()[-3000:]}"
+    return None
+
+
+def probe_the_held_job(k8s, app, proc):
+    """Once both nodes hold (their reports written), the executor pods as they run and the outsider
+    pod's result against them."""
+    hold = app.dirs["hold"]
+    reports = [hold / f"node-{r}.json" for r in (0, 1)]
+    wait_for("both nodes' reports", lambda: all(p.exists() for p in reports), timeout=400, interval=0.5,
+             gone=lambda: ended(app, proc, "hold"))
+    app.running_at_reports = proc.poll() is None
+    app.nodes = [json.loads(p.read_text()) for p in reports]
+    info = {m["node_index"]: m for m in app.nodes[0]["nodes"]}
+    hosts = {m["host"] for m in info.values()}
+    app.executor_pods = [p for p in pods(k8s) if p["status"].get("podIP") in hosts]  # this job's, running
+    spec = app.nodes[0]["spec"]
+    app.targets = {"pods": [{"ip": m["host"], "job": m["job_name"], "tf_port": int(spec[str(i)].rsplit(":", 1)[1]),
+                             "tunnel_port": m["tunnel_port"], "private": spec[str(i)]}
+                            for i, m in sorted(info.items())],
+                   "control": [NODE_IP, CONTROL_PORT]}
+    app.outsider = run_outsider(k8s, app.targets)
+    (hold / "outsider.json").write_text(json.dumps({"targets": app.targets, "result": app.outsider}, indent=1))
+
+
+def delete_the_worker_pod(k8s, app, proc):
+    """After 60 steps on both ranks, ``kubectl delete pod`` on the worker's executor pod."""
+    out = app.dirs["evict"]
+
+    def progressed():
+        lasts = [out / f"last-a0-r{r}" for r in (0, 1)]
+        return all(p.exists() and int(p.read_text() or 0) >= 60 for p in lasts)
+
+    wait_for("60 steps on both ranks", progressed, timeout=400, interval=0.5, gone=lambda: ended(app, proc, "evict"))
+    worker_ip = json.loads((out / "nodes.json").read_text())["hosts"]["1"]  # node 1: the worker
+    victim = next(p for p in pods(k8s) if p["status"].get("podIP") == worker_ip)
+    k8s.kubectl("-n", NAMESPACE, "delete", "pod", victim["metadata"]["name"], "--wait=false")
+
+
+def grown_back_or_past(app, proc):
+    """Once rank 1 steps again in a later attempt (the cluster grew back: what is left of the client
+    application decides nothing by the clock), or the pod-deletion phase is over either way."""
+    out = app.dirs["evict"]
+    wait_for("rank 1 back", lambda: any(p.name != "last-a0-r1" for p in out.glob("last-a*-r1")),
+             timeout=900, interval=0.5, gone=lambda: ended(app, proc, "evict"))
+
+
+def submit_cluster_digits(k8s, app):
+    out = app.dirs["digits-cluster"]
+    key, value = CLUSTER_LABEL.split("=")
+    return k8s_spark.spark_submit(
+        k8s, "cluster", "local:///opt/tfos/examples/digits/digits_tf.py",
+        ["--epochs", 3, "--data-dir", out / "data", "--output-dir", out / "out", "--export-dir", out / "export"],
+        extra={"spark.kubernetes.executor.deleteOnTermination": "false",
+               f"spark.kubernetes.driver.label.{key}": value, f"spark.kubernetes.executor.label.{key}": value,
+               # beside the client application's 2 executor pods (0.5 CPU each) on this 2-CPU node
+               "spark.kubernetes.executor.request.cores": "0.25"},
+        background=True, log=app.cluster_log)
+
+
+def finish(app, name, proc, timeout):
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        app.errors[name] = f"spark-submit still ran after {timeout}s"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture(scope="module")
+def apps(k8s):
+    """Both applications, run once (module docstring): what each test reads."""
+    app = types.SimpleNamespace(
+        dirs={n: fresh_dir(k8s, n) for n in ("hold", "digits-client", "evict", "oom", "digits-cluster")},
+        log=k8s.logs / "spark-submit-client.log", cluster_log=k8s.logs / "spark-submit-cluster.log",
+        errors={}, running_at_reports=None, nodes=None, executor_pods=None, targets=None, outsider=None,
+        returncode=None, cluster_returncode=None)
+    d = app.dirs
+    proc = k8s_spark.spark_submit(k8s, "client", str(HERE / "client_job.py"),
+                                  [d["hold"], d["digits-client"], d["evict"], d["oom"], CONTROL_PORT, EVICT_STEPS],
+                                  background=True, log=app.log)
+    cluster = None
+    try:
+        try:
+            attempt(app, "hold", lambda: probe_the_held_job(k8s, app, proc))
+        finally:
+            (d["hold"] / "done").touch()  # the job goes on to digits, whatever the probes did
+        attempt(app, "evict", lambda: delete_the_worker_pod(k8s, app, proc))
+        attempt(app, "grow", lambda: grown_back_or_past(app, proc))  # only when to start the other one
+        cluster = submit_cluster_digits(k8s, app)
+        app.returncode = finish(app, "client", proc, 1500)
+        app.cluster_returncode = finish(app, "cluster", cluster, 900)
+    finally:
+        for p in (proc, cluster):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    return app
+
+
+def phase_ended_cleanly(app, name):
+    """The client application's phase that wrote to ``app.dirs[name]`` ended without an error (and
+    the application ended)."""
+    assert "client" not in app.errors, (app.errors["client"], tail(app.log))
+    record = app.dirs[name] / "phase.json"
+    assert record.exists(), (app.errors.get("client"), tail(app.log))
+    error = json.loads(record.read_text())["error"]
+    assert error is None, error
+
+
+def check_executor_pods(executors):
+    """The job's executor pods ran under "restricted", as the job's uid, with the preStop hook."""
+    assert len(executors) >= 2, executors
     for pod in executors:
         spec = pod["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 185
         ctx = spec["containers"][0]["securityContext"]
         assert {k: ctx[k] for k in RESTRICTED} == RESTRICTED
         assert spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == k8s_spark.PRESTOP
-    k8s.kubectl("-n", NAMESPACE, "delete", "pods", "-l", "spark-role=executor", "--wait=false")
 
 
+# ---------------------------------------------------------------------- what they did
+
+@pytest.mark.timeout(APPS_TIMEOUT)
 @pytest.mark.parametrize("mode", ["client", "cluster"])
-def test_digits_trains_to_accuracy(k8s, mode):
-    result, output, out = digits(k8s, mode)
+def test_digits_trains_to_accuracy(k8s, apps, mode):
+    out = apps.dirs[f"digits-{mode}"]
+    result = out / "out" / "result.json"
+    if mode == "client":
+        phase_ended_cleanly(apps, "digits-client")
+        assert result.exists(), tail(apps.log)
+    else:
+        assert apps.cluster_returncode == 0 and result.exists(), (apps.errors.get("cluster"), tail(apps.cluster_log))
+    result = json.loads(result.read_text())
     assert result["accuracy"] >= 0.9, result
     assert (out / "export" / "saved_model.pb").exists()
-    if mode == "cluster":  # the driver was a pod: its log holds the job's output
-        driver = pods(k8s, "spark-role=driver")[-1]
+    if mode == "client":  # its pods, as they ran while the job held
+        assert apps.executor_pods is not None, apps.errors.get("hold")
+        check_executor_pods(apps.executor_pods)
+    else:  # the driver was a pod: its log holds the job's output
+        driver = pods(k8s, f"spark-role=driver,{CLUSTER_LABEL}")[-1]
         assert driver["status"]["phase"] == "Succeeded"
         log = k8s.kubectl("-n", NAMESPACE, "logs", driver["metadata"]["name"]).stdout
         assert "test accuracy" in log
-    check_executor_pods(k8s)
+        check_executor_pods(pods(k8s, f"spark-role=executor,{CLUSTER_LABEL}"))
+        k8s.kubectl("-n", NAMESPACE, "delete", "pods", "-l", f"spark-role=executor,{CLUSTER_LABEL}", "--wait=false")
 
 
-def test_an_outsider_pod_gets_nothing(k8s):
+@pytest.mark.timeout(APPS_TIMEOUT)
+def test_an_outsider_pod_gets_nothing(apps):
     """A job holds its TF servers and tunnels up; a pod of the same image in the same namespace,
     as another uid and without the secret, tries TF's remote eager client on the executor pods
     (the TF port, the tunnel's, the nodes' private address from its own pod), junk at the tunnel
     and at the driver's control service, and a scan of every port of the executor pods. It runs
     nothing, and only the tunnel and Spark's own JVM listen on a pod's address: every listener of
-    the TF processes is on the pod's loopback."""
-    out = k8s_spark.job_dir(k8s, "hold")
-    for f in out.glob("*"):
-        f.unlink()
-    control_port = 29901
-    proc = k8s_spark.spark_submit(k8s, "client", str(HERE / "hold_job.py"), [out], background=True,
-                                  env={"TFOS_SERVER_PORT": str(control_port)},
-                                  log=k8s.logs / "spark-submit-hold.log")
-    try:
-        nodes = wait_for("both nodes' reports", lambda: [json.loads((out / f"node-{r}.json").read_text())
-                                                         for r in (0, 1)] if all(
-            (out / f"node-{r}.json").exists() for r in (0, 1)) else None, timeout=400)
-        assert proc.poll() is None, (k8s.logs / "spark-submit-hold.log").read_text()[-3000:]
-        assert all(n["sum"] == 2.0 for n in nodes)  # a collective went through the tunnels
-        for n in nodes:  # the TF process listens on the pod's loopback only
-            assert n["listeners"] and all(host.startswith("127.") for host, _ in n["listeners"]), n["listeners"]
-        info = {m["node_index"]: m for m in nodes[0]["nodes"]}
-        assert all(m["tunnel_mode"] == "pod" for m in info.values()), info
-        targets = {"pods": [{"ip": m["host"], "tf_port": int(nodes[0]["spec"][i].rsplit(":", 1)[1]),
-                             "tunnel_port": m["tunnel_port"], "private": nodes[0]["spec"][i]}
-                            for i, m in sorted(info.items())],
-                   "control": ["198.18.0.1", control_port]}
-        result = run_outsider(k8s, targets)
-        (out / "outsider.json").write_text(json.dumps({"targets": targets, "result": result}, indent=1))
-    finally:
-        (out / "done").touch()
-        try:
-            proc.wait(180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    the TF processes is on the pod's loopback. The job then trains digits in the same processes."""
+    assert "hold" not in apps.errors, apps.errors["hold"]
+    nodes, targets, result = apps.nodes, apps.targets, apps.outsider
+    assert apps.running_at_reports, tail(apps.log, 3000)
+    assert all(n["sum"] == 2.0 for n in nodes)  # a collective went through the tunnels
+    for n in nodes:  # the TF process listens on the pod's loopback only
+        assert n["listeners"] and all(host.startswith("127.") for host, _ in n["listeners"]), n["listeners"]
+    info = {m["node_index"]: m for m in nodes[0]["nodes"]}
+    assert all(m["tunnel_mode"] == "pod" for m in info.values()), info
     for pod, target in zip(result["pods"], targets["pods"]):
         for probe in ("eager_tf_port", "eager_tunnel", "eager_private"):
             # it got as far as TF's client connecting (a probe that never loaded proves nothing), no further
@@ -134,7 +272,9 @@ def test_an_outsider_pod_gets_nothing(k8s):
         assert pod["tunnel_junk"]["closed"] and pod["tunnel_junk"]["reply"] == "", pod["tunnel_junk"]
     assert result["control"]["eager"]["ran"] is False and result["control"]["eager"]["loaded"], result["control"]
     assert result["control"]["junk"]["closed"], result["control"]
-    assert proc.returncode == 0, (k8s.logs / "spark-submit-hold.log").read_text()[-3000:]
+    # both nodes held to the end, and the job went on and ended cleanly after the probes
+    assert all((apps.dirs["hold"] / f"held-{r}").exists() for r in (0, 1)), tail(apps.log, 3000)
+    phase_ended_cleanly(apps, "hold")
 
 
 def run_outsider(k8s, targets) -> dict:
@@ -164,33 +304,16 @@ def run_outsider(k8s, targets) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def test_an_executor_pod_deleted_mid_training_loses_no_step_and_the_cluster_grows_back(k8s):
+@pytest.mark.timeout(APPS_TIMEOUT)
+def test_an_executor_pod_deleted_mid_training_loses_no_step_and_the_cluster_grows_back(apps):
     """``kubectl delete pod`` on an executor mid-training: the kubelet runs the pod's preStop hook
     (python -m tfos.cluster.agent.evict) before it stops the JVM; every rank saves at one step, the
     cluster goes on with the other node from that step (0 steps lost, no restart counted), and grows
     back to 2 nodes at a checkpoint once Spark has replaced the executor pod; both finish."""
-    out = k8s_spark.job_dir(k8s, "evict")
-    for f in out.glob("*"):
-        if f.is_file():
-            f.unlink()
-    steps = 700
-    proc = k8s_spark.spark_submit(k8s, "client", str(HERE / "evict_job.py"), [out, steps], background=True,
-                                  log=k8s.logs / "spark-submit-evict.log")
-    try:
-        def progressed():
-            lasts = [out / f"last-a0-r{r}" for r in (0, 1)]
-            return all(p.exists() and int(p.read_text() or 0) >= 60 for p in lasts)
-
-        wait_for("60 steps on both ranks", progressed, timeout=400)
-        worker_ip = json.loads((out / "nodes.json").read_text())["hosts"]["1"]  # node 1: the worker
-        victim = next(p for p in pods(k8s) if p["status"].get("podIP") == worker_ip)
-        k8s.kubectl("-n", NAMESPACE, "delete", "pod", victim["metadata"]["name"], "--wait=false")
-        proc.wait(900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = (k8s.logs / "spark-submit-evict.log").read_text(errors="replace")
-    assert proc.returncode == 0 and (out / "driver.json").exists(), log[-4000:]
+    assert "evict" not in apps.errors, apps.errors["evict"]
+    out = apps.dirs["evict"]
+    phase_ended_cleanly(apps, "evict")
+    assert (out / "driver.json").exists(), tail(apps.log)
     driver = json.loads((out / "driver.json").read_text())
     (ev,) = driver["evictions"]
     assert ev["attempt"] == 0 and "termination signal" in ev["why"], driver
@@ -201,16 +324,16 @@ def test_an_executor_pod_deleted_mid_training_loses_no_step_and_the_cluster_grow
     assert driver["restarts"] == 0, driver
     assert [1, 2] in [r[:2] for r in driver["resizes"]] and len(driver["roles"]) == 2, driver  # grown back
     ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in (0, 1)]
-    assert all(r["steps"] == steps for r in ranks) and ranks[0]["weights"] == ranks[1]["weights"], ranks
+    assert all(r["steps"] == EVICT_STEPS for r in ranks) and ranks[0]["weights"] == ranks[1]["weights"], ranks
 
 
-def test_an_oom_killed_node_names_the_pods_memory_limit_and_the_setting(k8s):
+@pytest.mark.timeout(APPS_TIMEOUT)
+def test_an_oom_killed_node_names_the_pods_memory_limit_and_the_setting(apps):
     """A TF process that outgrows its executor pod is ended by the kernel's OOM killer (the pod's
     cgroup counts it); the driver's error says so with the pod's limit and the setting to raise."""
-    out = k8s_spark.job_dir(k8s, "oom")
-    done = k8s_spark.spark_submit(k8s, "client", str(HERE / "oom_job.py"), [out], timeout=600,
-                                  log=k8s.logs / "spark-submit-oom.log")
-    message = (out / "error.txt").read_text() if (out / "error.txt").exists() else done.stdout[-3000:]
+    out = apps.dirs["oom"]
+    assert "client" not in apps.errors, (apps.errors["client"], tail(apps.log))  # the application ended
+    message = (out / "error.txt").read_text() if (out / "error.txt").exists() else tail(apps.log, 3000)
     assert message.startswith("NodeFailedError"), message
     assert "by the kernel's OOM killer" in message and "memory limit of 2048 MiB" in message, message
     assert "spark.executor.memoryOverhead" in message, message

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tfos.errors import TFOSError
@@ -170,7 +171,7 @@ class KubernetesCluster:
     def _containerd_config(self) -> Path:
         root = self.dir / "containerd"
         root.mkdir(exist_ok=True)
-        from tfos.testing.kubernetes.images import PAUSE_IMAGE
+        from tfos.testing.kubernetes.images import PAUSE_IMAGE, SNAPSHOTTER
 
         path = root / "config.toml"
         path.write_text(f"""version = 2
@@ -189,7 +190,7 @@ state = "{root / 'state'}"
     bin_dir = "{CNI_BIN}"
     conf_dir = "{self.dir / 'cni'}"
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+    snapshotter = "{SNAPSHOTTER}"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
@@ -245,6 +246,7 @@ state = "{root / 'state'}"
         node_conf = pki.kubeconfig("kubelet", self.server, f"system:node:{NODE_NAME}", ("system:nodes",))
         self._network()
         pids: dict[str, int] = {}
+        images_pool = ThreadPoolExecutor(1, thread_name_prefix="tfos-k8s-images")
         try:
             self._spawn("etcd", [str(self.bin / "etcd"), "--name", "tfos", "--data-dir", str(self.dir / "etcd"),
                                  "--listen-client-urls", f"http://127.0.0.1:{ETCD_PORT}",
@@ -264,6 +266,12 @@ state = "{root / 'state'}"
                 f"--kubelet-client-certificate={kc_crt}", f"--kubelet-client-key={kc_key}",
                 f"--kubelet-certificate-authority={pki.ca_cert}", "--kubelet-preferred-address-types=InternalIP",
                 "--profiling=false", "--v=1"], pids)
+            # the images stream into containerd and unpack (minutes of disk on a slow host) while the
+            # control plane and the kubelet start: only a pod needs them, after start() returns
+            self._wait("containerd", lambda: self.containerd_sock.exists(), pids)
+            from tfos.testing.kubernetes.images import import_images
+
+            importing = images_pool.submit(import_images, self)
             self._wait("kube-apiserver", lambda: self.kubectl("get", "--raw", "/readyz", check=False,
                                                                timeout=10).returncode == 0, pids)
             self._spawn("kube-controller-manager", [
@@ -276,19 +284,19 @@ state = "{root / 'state'}"
                 str(self.bin / "kube-scheduler"), f"--kubeconfig={sched_conf}",
                 f"--authentication-kubeconfig={sched_conf}", f"--authorization-kubeconfig={sched_conf}",
                 "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=10259", "--v=1"], pids)
-            self._wait("containerd", lambda: self.containerd_sock.exists(), pids)
-            from tfos.testing.kubernetes.images import import_images
-
-            import_images(self)
             self._spawn("kubelet", [
                 str(self.bin / "kubelet"), f"--config={self._kubelet_config(pki)}", f"--kubeconfig={node_conf}",
                 f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_IP}",
                 f"--root-dir={self.dir / 'kubelet'}", "--v=1"], pids)
             self._wait("node " + NODE_NAME, self._node_ready, pids)
             self._namespace()
+            self._wait("the images in containerd", importing.done, pids, timeout=1800)
+            importing.result()  # its error, if it failed
         except BaseException:
             self.stop()
             raise
+        finally:
+            images_pool.shutdown(wait=False)
         log.info("Kubernetes is up: %s (kubeconfig %s)", self.server, self.kubeconfig)
         return self
 

@@ -7,10 +7,11 @@
   compiler), Spark's entry point for driver and executor pods, and the user ``spark`` (uid 185).
 
 Their layers are uncompressed tars kept in the cache, keyed by what they are built from; an image
-is streamed into the cluster's containerd as an OCI image layout (``ctr images import -``), never
-written out whole. The tfos image has two layers: the root file system with the virtualenv of
-tfos's dependencies (rebuilt only when a package version changes: minutes), and tfos itself with its
-native parts, the examples and the entry point (rebuilt on every source change: seconds).
+is streamed into the cluster's containerd as an OCI image layout (``ctr images import -``, which
+unpacks it), never written out whole. The tfos image has two layers: the root file system with the
+virtualenv of tfos's dependencies (rebuilt only when a package version changes: minutes), and tfos
+itself with its native parts, the examples and the entry point (rebuilt on every source change:
+seconds).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from tfos.host.private import user_cache_dir
 log = logging.getLogger(__name__)
 
 PAUSE_IMAGE = "tfos.local/pause:1"
+#: containerd's snapshotter for the CRI plugin (the cluster's containerd config) and for the imports
+SNAPSHOTTER = "overlayfs"
 IMAGE_REPO = "tfos.local/spark-tfos"
 SPARK_UID = 185
 DEBIAN_SUITE = "bookworm"
@@ -140,8 +143,11 @@ class Image:
                 tar.add(str(la.path), arcname=f"blobs/sha256/{la.digest}")
 
     def import_into(self, containerd_sock: Path) -> None:
-        """Stream the image into containerd (namespace k8s.io; unpacked when a pod first runs it)."""
-        argv = ["ctr", "--address", str(containerd_sock), "-n", "k8s.io", "images", "import", "--no-unpack", "-"]
+        """Stream the image into containerd (namespace k8s.io) and unpack it into the snapshotter the
+        CRI plugin uses, so that a pod's start never waits for the unpacking (the cluster imports
+        while its control plane starts)."""
+        argv = ["ctr", "--address", str(containerd_sock), "-n", "k8s.io", "images", "import",
+                f"--snapshotter={SNAPSHOTTER}", "-"]
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=err, stderr=err)
             try:

@@ -80,7 +80,9 @@ def pod_template(cluster, role: str) -> Path:
                     "terminationGracePeriodSeconds": GRACE_SECONDS, "containers": [container],
                     "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": CLAIM}}]}}
     path = cluster.dir / f"{role}-template.json"
-    path.write_text(json.dumps(pod, indent=1))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(pod, indent=1))
+    os.replace(tmp, path)  # whole: a running client-mode driver reads it for each executor pod it makes
     return path
 
 
@@ -88,9 +90,11 @@ def service_account_token(cluster, hours: int = 4) -> Path:
     """A token of the ``spark`` service account, for spark-submit and a client-mode driver."""
     token = cluster.kubectl("-n", NAMESPACE, "create", "token", SERVICE_ACCOUNT, f"--duration={hours}h").stdout.strip()
     path = cluster.pki_dir / "spark.token"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token)
+    os.replace(tmp, path)  # whole: another submission's driver may be reading the one before
     return path
 
 

@@ -1,14 +1,23 @@
-"""A tfos job the YARN fault tests submit with spark-submit (not a test module itself).
+"""A tfos job the YARN tests submit with spark-submit (not a test module itself).
 
-    yarn_job.py restart OUT   InputMode.SPARK: 2 nodes read row ids from the feed, slowly, and
-                              checkpoint a counter to OUT/ckpt (HDFS) every 10 batches; with
-                              max_restarts=1 the job must survive one lost container. At the end
-                              the driver prints which ids the final attempt's nodes read.
-    yarn_job.py forever OUT   InputMode.TENSORFLOW: 2 nodes that run until the application is killed.
-    yarn_job.py memory OUT    InputMode.TENSORFLOW: node 1's TF process grows past its container's
-                              memory limit, so YARN's NodeManager kills the container.
+    yarn_job.py PHASES OUT    runs each phase of PHASES (comma-separated, in order) in this one
+                              application, phase P under OUT/P: one submit pays for the
+                              ApplicationMaster's and the executors' start-up once.
 
-Each node writes OUT/started-<attempt>-<rank> once it runs, which the tests wait for.
+    digits    examples/digits/digits_tf.py's main() (InputMode.TENSORFLOW): Spark writes the
+              TFRecords to OUT/digits/data, checkpoints and TensorBoard logs go to
+              OUT/digits/logs, the export to OUT/digits/export; it prints the test accuracy
+              (submit with --py-files examples/digits/digits_tf.py).
+    restart   InputMode.SPARK: 2 nodes read row ids from the feed, slowly, and checkpoint a counter
+              to OUT/restart/ckpt (HDFS) every 10 batches; with max_restarts=1 the job must survive
+              one lost container. At the end the driver prints which ids the final attempt's
+              nodes read (RESULT ...).
+    memory    InputMode.TENSORFLOW: node 1's TF process grows past its container's memory limit, so
+              YARN's NodeManager kills the container; the driver prints the error the cluster
+              raised between MEMORY-FAILURE-BEGIN and MEMORY-FAILURE-END, and goes on.
+    forever   InputMode.TENSORFLOW: 2 nodes that run until the application is killed.
+
+Each node writes OUT/P/started-<attempt>-<rank> once it runs, which the tests wait for.
 """
 
 import json
@@ -16,6 +25,7 @@ import logging
 import sys
 import tempfile
 import time
+import traceback
 
 ROWS = 6000
 BATCH = 50
@@ -70,20 +80,24 @@ def main_fun(args, ctx):
            json.dumps({"restored": restored, "ids": ids}).encode())
 
 
-def main():
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    mode, out = sys.argv[1], sys.argv[2]
-    from pyspark.sql import SparkSession
+def digits(spark, out):
+    """The example's own main(), as spark-submit runs it, on this application's session."""
+    import digits_tf
 
+    session_class = type(spark)
+    stop = session_class.stop
+    session_class.stop = lambda self: None  # main() ends with spark.stop(): the later phases need the session
+    try:
+        digits_tf.main(["--epochs", "3", "--data-dir", f"{out}/data", "--output-dir", out,
+                        "--export-dir", f"{out}/export"])
+    finally:
+        session_class.stop = stop
+
+
+def restart(spark, out):
     from tfos import InputMode, TFCluster, data
 
-    spark = SparkSession.builder.appName(f"tfos-yarn-{mode}").getOrCreate()
-    if mode != "restart":
-        cluster = TFCluster.run(spark, main_fun, (mode, out), 2, 0, input_mode=InputMode.TENSORFLOW,
-                                master_node="chief", heartbeat_timeout=20)
-        cluster.shutdown(timeout=600)
-        return
-    cluster = TFCluster.run(spark, main_fun, (mode, out), 2, 0, input_mode=InputMode.SPARK, master_node="chief",
+    cluster = TFCluster.run(spark, main_fun, ("restart", out), 2, 0, input_mode=InputMode.SPARK, master_node="chief",
                             max_restarts=1, checkpoint_dir=f"{out}/ckpt", log_dir=f"{out}/logs")
     # small chunks: the nodes' feed queues (4 chunks each) hold 200 rows, so the feed lasts as long
     # as the nodes read, and a container lost mid-read is lost mid-feed
@@ -101,6 +115,42 @@ def main():
         restored.append(got["restored"])
     print(f"RESULT attempt={final} restored={restored} rows={len(ids)} distinct={len(set(ids))} "
           f"complete={sorted(set(ids)) == list(range(ROWS))}", flush=True)
+
+
+def _tensorflow_mode(spark, mode, out):
+    """2 nodes running main_fun's ``mode``, which never uses TensorFlow: preimport_tensorflow=False
+    spares the 2 cores two TensorFlow imports."""
+    from tfos import InputMode, TFCluster
+
+    cluster = TFCluster.run(spark, main_fun, (mode, out), 2, 0, input_mode=InputMode.TENSORFLOW,
+                            master_node="chief", heartbeat_timeout=20, preimport_tensorflow=False)
+    cluster.shutdown(timeout=600)
+
+
+def memory(spark, out):
+    try:
+        _tensorflow_mode(spark, "memory", out)
+    except Exception:  # what the application would die of: printed, and the next phase goes on
+        print(f"MEMORY-FAILURE-BEGIN\n{traceback.format_exc()}MEMORY-FAILURE-END", flush=True)
+    else:
+        print("MEMORY-FAILURE-BEGIN\nno error: the cluster ended normally\nMEMORY-FAILURE-END", flush=True)
+
+
+def forever(spark, out):
+    _tensorflow_mode(spark, "forever", out)
+
+
+PHASES = {"digits": digits, "restart": restart, "memory": memory, "forever": forever}
+
+
+def main():
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    phases, out = sys.argv[1].split(","), sys.argv[2]
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.appName(f"tfos-yarn-{'-'.join(phases)}").getOrCreate()
+    for phase in phases:
+        PHASES[phase](spark, f"{out}/{phase}")
     spark.stop()
 
 

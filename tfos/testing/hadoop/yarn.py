@@ -38,6 +38,11 @@ def cli_args(argv) -> list[str]:
 
 _APP_ID = re.compile(r"application_\d+_\d+")
 
+#: Spark's own JVMs here (the driver, the ApplicationMaster, each executor): C1 only and the serial
+#: collector, as for the daemons (artifacts.JVM_FLAGS): a test application's JVMs live a minute or
+#: two, and C2's compiler threads and G1's threads would take the 2 cores its TF processes need
+SPARK_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+
 
 @dataclass
 class Submitted:
@@ -116,7 +121,8 @@ def submit_command(cluster: HadoopCluster, script: str, args=(), *, deploy_mode:
                 "spark.pyspark.python": python, "spark.pyspark.driver.python": python,
                 "spark.yarn.maxAppAttempts": "1",
                 "spark.yarn.appMasterEnv.TFOS_SERVER_HOST": host_address(),
-                "spark.ui.enabled": "false"}
+                "spark.ui.enabled": "false",
+                **{f"spark.{jvm}.extraJavaOptions": SPARK_JVM_OPTIONS for jvm in ("driver", "yarn.am", "executor")}}
     from tfos.tunnel import build as tunnel
 
     binary, _shim = tunnel.built_paths()
@@ -129,7 +135,7 @@ def submit_command(cluster: HadoopCluster, script: str, args=(), *, deploy_mode:
     if cluster.kerberos:  # Spark logs in from the keytab and hands HDFS tokens to every container
         from tfos.testing.hadoop import kerberos
 
-        krb5 = cluster.krb5_option
+        krb5 = f"{SPARK_JVM_OPTIONS} {cluster.krb5_option}"
         settings.update({"spark.kerberos.principal": kerberos.principal(kerberos.USER),
                          "spark.kerberos.keytab": str(cluster.kdc_dir / "tfos.keytab"),
                          "spark.yarn.am.extraJavaOptions": krb5, "spark.executor.extraJavaOptions": krb5,

@@ -114,15 +114,16 @@ def test_digits_example_under_spark_submit_on_a_standalone_cluster(tmp_path):
             processes.terminate(p, 5.0, "spark daemon")
 
 
-PS_VARIANTS = [["--input", "files"], ["--input", "spark"], ["--keras-fit"]]
+# InputMode.TENSORFLOW on per-worker file shards (--input files): tests/multihost/test_outsiders.py
+# trains digits_ps that way across three hosts
+PS_VARIANTS = [["--input", "spark"], ["--keras-fit"]]
 
 
 @pytest.mark.slow
 def test_parameter_server_example_trains_and_counts_steps():
-    """ps + chief + worker need 3 executors, so the three variants share one local-cluster[3,1,1024]
+    """ps + chief + worker need 3 executors, so the variants share one local-cluster[3,1,1024]
     application of their own (a subprocess: this one already has the suite's SparkContext):
-    InputMode.TENSORFLOW (per-worker file shards), InputMode.SPARK (fed to the chief), and tf_keras
-    model.fit with a DatasetCreator."""
+    InputMode.SPARK (fed to the chief) and tf_keras model.fit with a DatasetCreator."""
     script = ("import sys; sys.path.insert(0, sys.argv[1]); import digits_ps\n"
               "from tfos.testing import local_cluster_session\n"
               "spark = local_cluster_session(3, app_name='tfos-digits-ps')\n"

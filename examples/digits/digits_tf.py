@@ -285,16 +285,19 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> float:
+def main(argv=None, spark=None) -> float:
+    """Train and print the test accuracy; on ``spark`` when given (left running), else on the session
+    spark-submit set up, ``--master``'s, or an embedded local-cluster (stopped at the end)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     from tfos import InputMode, TFCluster
 
-    if args.master:
+    own_session = spark is None
+    if own_session and args.master:
         from pyspark.sql import SparkSession
 
         spark = SparkSession.builder.master(args.master).appName("tfos-digits").getOrCreate()
-    else:
+    elif own_session:
         from tfos.testing import example_session
 
         spark = example_session(args.num_executors, app_name="tfos-digits")
@@ -324,7 +327,8 @@ def main(argv=None) -> float:
     cluster.shutdown()
     result = json.loads(read_file(args.output_dir, "result.json"))
     print(f"digits: {args.num_executors} nodes, {args.epochs} epochs, test accuracy {result['accuracy']:.4f}")
-    spark.stop()
+    if own_session:
+        spark.stop()
     return result["accuracy"]
 
 

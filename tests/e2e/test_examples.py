@@ -32,7 +32,7 @@ def test_digits_spark_example_trains_and_writes_predictions(spark, source, epoch
     assert "per-rank summary" in caplog.text and "chief:0" in caplog.text and "rows fed" in caplog.text
 
 
-def _submit_digits_example(tmp_path, env, spark_args, epochs=10, min_acc=0.9):
+def _submit_digits_example(tmp_path, env, spark_args, epochs=4, min_acc=0.9):
     """spark-submit examples/digits/digits_tf.py with ``spark_args``; it must print its test accuracy,
     at least ``min_acc`` when given."""
     import os

@@ -81,17 +81,12 @@ def main_fun(args, ctx):
 
 
 def digits(spark, out):
-    """The example's own main(), as spark-submit runs it, on this application's session."""
+    """The example's own main() on this application's session, which it leaves running for the
+    later phases."""
     import digits_tf
 
-    session_class = type(spark)
-    stop = session_class.stop
-    session_class.stop = lambda self: None  # main() ends with spark.stop(): the later phases need the session
-    try:
-        digits_tf.main(["--epochs", "3", "--data-dir", f"{out}/data", "--output-dir", out,
-                        "--export-dir", f"{out}/export"])
-    finally:
-        session_class.stop = stop
+    digits_tf.main(["--epochs", "3", "--data-dir", f"{out}/data", "--output-dir", out,
+                    "--export-dir", f"{out}/export"], spark=spark)
 
 
 def restart(spark, out):

@@ -20,6 +20,7 @@ import time
 
 from tfos.cluster.driver.security import SPARK_SECURITY
 from tfos.errors import ConfigError, ReservationTimeoutError
+from tfos.host.deadline import Deadline
 from tfos.host.private import SECRET_PROPERTY
 from tfos.data.fs import spark_default_fs
 
@@ -37,44 +38,55 @@ def slots_offered(sc) -> int | None:
 
 
 def wait_for_slots(sc, num_executors: int, timeout: float) -> int:
-    """Wait until Spark offers ``num_executors`` concurrent task slots; return the slot count."""
-    deadline = time.monotonic() + timeout
-    while True:
-        slots = slots_offered(sc)
-        if slots is None:
-            return num_executors
-        if slots >= num_executors:
-            return slots
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise ReservationTimeoutError(
-                f"cannot reserve {num_executors} executors: Spark offers {slots} concurrent task slot(s) after "
-                f"waiting {timeout:.0f}s (reservation_timeout). Add executors (--num-executors / "
-                "spark.executor.instances, or more workers), lower num_executors, or raise reservation_timeout "
-                "if executors are still starting.")
-        time.sleep(min(0.5, remaining))
+    """Wait until Spark offers ``num_executors`` concurrent task slots; return the slot count
+    (``num_executors`` when this Spark cannot say)."""
+    seen: list[int | None] = []
+
+    def offered() -> int | None:
+        seen.append(slots_offered(sc))
+        return seen[-1]
+
+    wait_for_size(offered, num_executors, num_executors, timeout, why=lambda slots, secs: (
+        f"cannot reserve {num_executors} executors: Spark offers {slots} concurrent task slot(s) after "
+        f"waiting {secs:.0f}s (reservation_timeout). Add executors (--num-executors / "
+        "spark.executor.instances, or more workers), lower num_executors, or raise reservation_timeout "
+        "if executors are still starting."))
+    return num_executors if seen[-1] is None else seen[-1]
 
 
-def wait_for_size(offered, lo: int, hi: int, timeout: float, size_wait: float) -> int:
+#: how often a slot wait asks Spark again
+SLOT_POLL_SECS = 0.5
+
+
+def wait_for_size(offered, lo: int, hi: int, timeout: float, size_wait: float = 0.0, *, why=None,
+                  pause=None, clock=time.monotonic) -> int | None:
     """How many nodes to start, ``lo`` .. ``hi`` (:func:`settings.size_to_start` on ``offered()``,
-    Spark's slots now, polled): ``hi`` as soon as Spark offers them, else what it offers after
-    ``size_wait``; ReservationTimeoutError saying what was offered when it stays below ``lo`` for
-    ``timeout`` seconds."""
+    Spark's slots now, polled every SLOT_POLL_SECS): ``hi`` as soon as Spark offers them, else what
+    it offers after ``size_wait``; ReservationTimeoutError with ``why(slots, timeout)`` when it stays
+    below ``lo`` for ``timeout`` seconds. The one slot wait: reserve() at a fixed size (``lo ==
+    hi``) and in a range, and the supervisor's restart, whose ``pause(secs)`` returns True when
+    the cluster ends meanwhile (then None)."""
     from tfos.cluster.driver.settings import size_to_start
 
-    t0 = time.monotonic()
+    if why is None:
+        def why(slots, secs):
+            return (f"cannot reserve min_executors={lo} executors: Spark offers {slots} concurrent task slot(s) "
+                    f"after waiting {secs:.0f}s (reservation_timeout). Add executors, lower min_executors, or "
+                    "raise reservation_timeout if executors are still starting.")
+    if pause is None:
+        def pause(secs):
+            time.sleep(secs)
+            return False
+    deadline = Deadline(timeout, clock)
     while True:
         slots = offered()
-        waited = time.monotonic() - t0
-        size = size_to_start(slots, lo, hi, waited, size_wait)
+        size = size_to_start(slots, lo, hi, deadline.elapsed(), size_wait)
         if size is not None:
             return size
-        if waited >= timeout:
-            raise ReservationTimeoutError(
-                f"cannot reserve min_executors={lo} executors: Spark offers {slots} concurrent task slot(s) after "
-                f"waiting {timeout:.0f}s (reservation_timeout). Add executors, lower min_executors, or raise "
-                "reservation_timeout if executors are still starting.")
-        time.sleep(0.5)
+        if deadline.expired():
+            raise ReservationTimeoutError(why(slots, timeout))
+        if pause(deadline.slice(SLOT_POLL_SECS)):
+            return None
 
 
 def driver_host(spark_conf_host: str | None) -> str:

@@ -35,7 +35,7 @@ from tfos.cluster.driver import stall
 from tfos.cluster.driver.lifecycle import (Action, ClusterView, Eviction, Lifecycle, NodeLoss, Phase, Resize, Restart,
                                           decide, disconnect_grace, explain_executor_loss, first_cause_first, grow_to)
 from tfos.cluster.driver.registry import NodeRegistry
-from tfos.cluster.driver.settings import ClusterShape, RestartSettings, Supervision, size_to_start
+from tfos.cluster.driver.settings import ClusterShape, RestartSettings, Supervision
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
 from tfos.errors import (Cause, FeedError, Resizing, NodeFailedError, ReservationTimeoutError, StallError,
                          TFOSError, TFOSTimeoutError, remote_error)
@@ -442,26 +442,20 @@ class Supervisor:
         waits for them); in a range, what Spark offers once ``restart_backoff`` passed (the time a
         cluster manager has to bring a lost executor back), at most ``num_executors``, at least
         ``min_executors``: below that it waits up to reservation_timeout, then fails with
-        ReservationTimeoutError."""
+        ReservationTimeoutError (:func:`spark.wait_for_size`, as reserve() waits)."""
         s = self.settings
         if not s.elastic:
             return s.max_nodes
-        t0 = time.monotonic()
-        timeout = self.config.reservation_timeout
-        while True:
-            offered = self.spark.slots_offered()
-            waited = time.monotonic() - t0
-            size = size_to_start(offered, s.min_nodes, s.max_nodes, waited, 0.0)
-            if size is not None:
-                return size
-            if waited >= timeout:
-                self.abort(ReservationTimeoutError(
-                    f"cannot restart the cluster: Spark offers {offered} task slot(s) after {timeout:.0f}s "
-                    f"(reservation_timeout), below min_executors={s.min_nodes}. Add executors, lower "
-                    "min_executors, or raise reservation_timeout"))
-                return None
-            if self._closing.wait(0.5) or self.lifecycle.ended:
-                return None
+        try:
+            return S.wait_for_size(self.spark.slots_offered, s.min_nodes, s.max_nodes, self.config.reservation_timeout,
+                                   why=lambda offered, secs: (
+                                       f"cannot restart the cluster: Spark offers {offered} task slot(s) after "
+                                       f"{secs:.0f}s (reservation_timeout), below min_executors={s.min_nodes}. Add "
+                                       "executors, lower min_executors, or raise reservation_timeout"),
+                                   pause=lambda secs: self._closing.wait(secs) or self.lifecycle.ended)
+        except ReservationTimeoutError as e:
+            self.abort(e)
+            return None
 
     def _explained(self, failures: list) -> list:
         """``failures`` with what Spark knows of their executors' loss (YARN's "Container killed by

@@ -36,8 +36,10 @@ RESOURCEMANAGER = "org.apache.hadoop.yarn.server.resourcemanager.ResourceManager
 NODEMANAGER = "org.apache.hadoop.yarn.server.nodemanager.NodeManager"
 MINIKDC = "org.apache.hadoop.minikdc.MiniKdc"
 HEAPS = {NAMENODE: "512m", RESOURCEMANAGER: "512m", DATANODE: "256m", NODEMANAGER: "384m", MINIKDC: "128m"}
-# C1 only and the serial collector: quick start-up and few threads on a small test box.
-JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true")
+# C1 only and the serial collector: quick start-up and few threads on a small test box (the
+# daemons, and Spark's own JVMs on the test YARN: yarn.SPARK_JVM_OPTIONS).
+SMALL_JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+JVM_FLAGS = (*SMALL_JVM_FLAGS, "-Djava.net.preferIPv4Stack=true")
 # hadoop-hdfs 3.5.0 on Maven Central has no webapps/ resources, and the NameNode and
 # DataNode exit with "webapps/hdfs not found in CLASSPATH"; empty directories suffice
 # (WebHDFS and /jmx are servlets registered in code).

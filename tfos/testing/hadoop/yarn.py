@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from tfos.testing.hadoop.artifacts import YARN_NODE
+from tfos.testing.hadoop.artifacts import SMALL_JVM_FLAGS, YARN_NODE
 from tfos.testing.hadoop.cluster import HadoopCluster, HadoopClusterError
 
 LOGS_CLI = "org.apache.hadoop.yarn.client.cli.LogsCLI"
@@ -38,10 +38,10 @@ def cli_args(argv) -> list[str]:
 
 _APP_ID = re.compile(r"application_\d+_\d+")
 
-#: Spark's own JVMs here (the driver, the ApplicationMaster, each executor): C1 only and the serial
-#: collector, as for the daemons (artifacts.JVM_FLAGS): a test application's JVMs live a minute or
-#: two, and C2's compiler threads and G1's threads would take the 2 cores its TF processes need
-SPARK_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+#: Spark's own JVMs here (the driver, the ApplicationMaster, each executor) start as the daemons do:
+#: a test application's JVMs live a minute or two, and C2's compiler threads and G1's threads would
+#: take the 2 cores its TF processes need
+SPARK_JVM_OPTIONS = " ".join(SMALL_JVM_FLAGS)
 
 
 @dataclass

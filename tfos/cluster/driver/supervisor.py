@@ -11,7 +11,7 @@ the feed is waiting, or fail the cluster. The stall watchdog runs in the same lo
 wait, each with a deadline, until the loop has acted (:meth:`Supervisor._wait`), then read the
 outcome. Tests drive the loop with the fake Spark (``tfos.testing.fake_spark``).
 
-One module past 450 lines (about 770): it is the one owner of the cluster's phases (start,
+One module past 450 lines (about 760): it is the one owner of the cluster's phases (start,
 restarts, resizes, the watchdog, shutdown); the pure decisions live in ``lifecycle`` and
 ``settings``. A seam exists between the loop (which acts) and the API side (``_wait``,
 ``raise_if_failed``, ``feed_check_failed``, ``train``, ``shutdown``, which only wait on the loop's

@@ -36,7 +36,7 @@ from tfos.cluster.driver.settings import (ClusterShape, RestartSettings, Supervi
 from tfos.cluster.driver.supervisor import Supervisor
 from tfos.errors import ClusterStateError, ConfigError, NodeFailedError, TFOSError
 from tfos.feed.driver.jobs import FeedJobs
-from tfos.feed.driver.resume import FeedPositions
+from tfos.feed.driver.resume import FeedPositions, feed_across_restarts
 from tfos.feed.driver.scheduler import FeedScheduler
 from tfos.data.uneven import check_policy
 from tfos.topology import InputMode
@@ -469,7 +469,7 @@ class TFCluster:
         restarts = self.supervisor.settings  # a failure, or a resize of a size range, restarts the cluster
         resume = self.feeds.resume(num_epochs) if restarts.max_restarts > 0 or restarts.elastic else None
         try:
-            return self.supervisor.train(lambda resume: self.feeds.train(
+            return feed_across_restarts(self.supervisor, lambda resume: self.feeds.train(
                 data, num_epochs, feed_timeout, qname, chunk_rows, resume=resume, uneven=uneven), resume)
         finally:
             self.feeds.resuming = None
@@ -504,7 +504,7 @@ class TFCluster:
         if phase is Phase.FAILED:
             raise self.lifecycle.error
         if phase is Phase.RESERVED:
-            self.supervisor.release()
+            self.supervisor.release_unstarted()
             self.lifecycle.to(Phase.SHUT_DOWN)
             return
         self.lifecycle.to(Phase.SHUTTING_DOWN)

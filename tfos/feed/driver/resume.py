@@ -20,6 +20,7 @@ import logging
 import threading
 
 from tfos.data import positions
+from tfos.errors import NodeFailedError, Resizing
 from tfos.wire import messages as M
 
 logger = logging.getLogger(__name__)
@@ -164,3 +165,30 @@ class FeedResume:
                 f"without the {left} rows of it already trained on" if self.first < self.num_epochs else
                 f"every epoch was trained on by {where}")
 
+
+
+def feed_across_restarts(supervisor, feed, resume: FeedResume | None) -> int:
+    """``feed(resume)`` (FeedJobs.train); returns the rows fed. With restarts allowed (``resume``),
+    a restart of the cluster while it feeds (a failure, a resize, an eviction) or right after
+    (before the nodes trained on the last rows) feeds the new attempt again, from where ``resume``
+    says the checkpoint is. ``supervisor`` is the API side of the control loop: while this runs a
+    call waits to resume a feed (``wanted``), so an InputMode.SPARK failure restarts the cluster."""
+    if resume is None:
+        return feed(None)
+    with supervisor.wanted():
+        while True:
+            attempt = supervisor.attempt
+            try:
+                feed(resume)
+                cut_short = False
+            except (NodeFailedError, Resizing):  # a failure, or a planned restart at another size
+                cut_short = True
+            if cut_short:
+                supervisor.wait_settled("restarting the cluster")
+                logger.warning("tfos: the cluster restarted while feeding; %s", resume.restarted(during_feed=True))
+                continue
+            supervisor.wait_settled("acting on a node failure")
+            if supervisor.attempt == attempt:
+                return resume.fed
+            # restarted after the last rows were handed over, before the nodes trained on them
+            logger.warning("tfos: the cluster restarted at the end of the feed; %s", resume.restarted(during_feed=False))

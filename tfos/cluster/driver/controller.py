@@ -39,6 +39,7 @@ from tfos.cluster.driver.registry import NodeRegistry
 from tfos.cluster.driver.settings import ClusterShape, RestartSettings, Supervision
 from tfos.cluster.executor.bootstrap import make_bootstrap, node_dir_hint
 from tfos.errors import (Cause, NodeFailedError, ReservationTimeoutError, StallError, TFOSError, remote_error)
+from tfos.host.deadline import Deadline
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 
@@ -313,11 +314,11 @@ class Controller:
         reported by the cluster manager moments later: wait up to EXPLAIN_WAIT_SECS for that."""
         # only when the node saw its executor go (or be told to): a lost agent or a crash is known now
         wait = any(f.cause in (Cause.EXECUTOR_LOST, Cause.EVICTED) for f in failures)
-        deadline = self.clock() + (EXPLAIN_WAIT_SECS if wait else 0)
+        deadline = Deadline(EXPLAIN_WAIT_SECS if wait else 0, self.clock)
         while True:
             removed = self.spark.removed_executors()
             notes = [explain_executor_loss(f.host, f.cause, removed, self._attempt_started) for f in failures]
-            if any(notes) or self.clock() >= deadline or self._interrupted():
+            if any(notes) or deadline.expired() or self._interrupted():
                 break
             time.sleep(0.5)
         return [dataclasses.replace(f, reason=f.reason + note) if note else f for f, note in zip(failures, notes)]
@@ -549,11 +550,11 @@ class Controller:
         reg.request_stop(which)
         c = self.config
         timeout = self.stop_secs()
-        deadline = self.clock() + timeout
+        deadline = Deadline(timeout, self.clock)
         started = reg.started(which)
         grace = disconnect_grace(c.heartbeat_interval, c.heartbeat_timeout)
-        while not reg.wait_until(lambda s: not s.unfinished(started), min(LOOP_TICK_SECS, deadline - self.clock())):
-            if self.clock() >= deadline:
+        while not reg.wait_until(lambda s: not s.unfinished(started), deadline.slice(LOOP_TICK_SECS)):
+            if deadline.expired():
                 logger.warning("tfos nodes %s did not confirm their exit within %.0fs", reg.unfinished(started),
                                timeout)
                 return

@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 
 from tfos.cluster.driver import security
 from tfos.cluster.driver.attempt import RESTARTING, Abort, Ended, Finish, Holding, Idle, Running, Start
 from tfos.cluster.driver.controller import EXPLAIN_WAIT_SECS, FIRST_CAUSE_WAIT_SECS, LOOP_TICK_SECS, Controller
 from tfos.cluster.driver.lifecycle import Phase
 from tfos.errors import FeedError, NodeFailedError, Resizing, TFOSError, TFOSTimeoutError
+from tfos.host.deadline import Deadline
 from tfos.topology import InputMode
 
 logger = logging.getLogger(__name__)
@@ -64,16 +64,15 @@ class Supervisor(Controller):
         the call that waited raises); TFOSTimeoutError after :meth:`limit` seconds (the loop has its
         own, shorter deadlines)."""
         limit = self.limit()
-        deadline = time.monotonic() + limit
+        deadline = Deadline(limit)
         with self._cv:
             while not (ready() or self.lifecycle.ended):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if deadline.expired():
                     raise TFOSTimeoutError(f"the supervisor did not finish {what} within {limit:.0f}s; see the "
                                            "driver's log (raise reservation_timeout if Spark is slow to offer slots)")
-                self._cv.wait(min(remaining, LOOP_TICK_SECS))
+                self._cv.wait(deadline.slice(LOOP_TICK_SECS))
         if self.lifecycle.phase is Phase.FAILED:
-            self._released.wait(max(1.0, min(deadline - time.monotonic(), self.stop_secs() + 60)))
+            self._released.wait(max(1.0, min(deadline.remaining(), self.stop_secs() + 60)))
 
     def settled(self) -> bool:
         """The loop has acted on every failure it knows: no attempt stopping or starting, none failed."""
@@ -150,12 +149,12 @@ class Supervisor(Controller):
             logger.info("tfos cluster %s: waiting up to %s for training nodes %s to finish "
                         "(cluster.shutdown(timeout=...))", self.cluster_id,
                         "ever" if timeout == float("inf") else f"{timeout:.0f}s", reg.unfinished(self._trainers()))
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
             trainers = self._trainers()
             reg.wait_until(lambda s: not s.unfinished(trainers) or bool(s.failures) or self.lifecycle.ended
                            or self.restarting(),
-                           deadline - time.monotonic(),
+                           deadline.remaining(),
                            lambda s: f"training nodes {s.unfinished(trainers)} still running",
                            "shutdown(timeout=...)", poll=1.0 if timeout == float("inf") else LOOP_TICK_SECS)
             if self.lifecycle.ended:

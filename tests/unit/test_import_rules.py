@@ -32,7 +32,8 @@ RULES: dict[str, tuple[str, ...]] = {
     "tfos.errors": (),
     "tfos.lazy": (),
     "tfos.topology": ("tfos.errors",),
-    "tfos.wire": ("tfos.errors", "tfos.topology", "tfos.wire"),
+    # the wire stays below tfos.host but for its Deadline (which imports nothing of tfos)
+    "tfos.wire": ("tfos.errors", "tfos.topology", "tfos.wire", "tfos.host.deadline"),
     "tfos.host": ("tfos.errors", "tfos.host"),
     "tfos.tunnel": ("tfos.errors", "tfos.wire", "tfos.host", "tfos.tunnel"),  # the node tunnel (agent, TF process)
     "tfos.data": DATA,

@@ -64,7 +64,7 @@ def test_reaper_loads_no_tensorflow_and_few_tfos_modules():
                          capture_output=True, text=True, check=True).stdout.split()
     assert not [m for m in out if m.startswith(("tensorflow", "pyspark", "keras", "numpy"))]
     assert {m for m in out if m.startswith("tfos")} <= {"tfos", "tfos.errors", "tfos.topology", "tfos.host", "tfos.lazy",
-                                                         "tfos.host.versions",
+                                                         "tfos.host.versions", "tfos.host.deadline",
                                                          "tfos.host.processes", "tfos.cluster", "tfos.cluster.agent", REAPER_MODULE}
 
 

@@ -25,10 +25,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 from tfos.errors import FeedError, FeedTimeoutError
 from tfos.host import private, processes
+from tfos.host.deadline import Deadline
 
 #: bytes read (and spooled) at a time; a record longer than this makes its block longer
 #: (TFOS_SPOOL_BLOCK sets it for the reader process, in bytes)
@@ -88,9 +88,9 @@ class _Reader:
             pass
 
     def next_line(self) -> str:
-        deadline = time.monotonic() + BLOCK_TIMEOUT_SECS
+        deadline = Deadline(BLOCK_TIMEOUT_SECS)
         while not select.select([self.proc.stdout], [], [], 1.0)[0]:
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 raise FeedTimeoutError(f"the TFRecord reader process gave no block for {BLOCK_TIMEOUT_SECS:.0f}s "
                                        "(a stalled filesystem: check the NameNode and DataNodes)")
         return self.proc.stdout.readline().decode("utf-8", "replace").strip()

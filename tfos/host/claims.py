@@ -18,6 +18,7 @@ import time
 from typing import Iterable
 
 from tfos.errors import TFOSTimeoutError
+from tfos.host.deadline import Deadline
 from tfos.host.private import private_dir
 from tfos.host.processes import alive
 
@@ -69,13 +70,13 @@ def claims(path: str | None = None, timeout: float = LOCK_TIMEOUT):
     directory = os.path.dirname(path)
     lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                if deadline.expired():
                     raise TFOSTimeoutError(f"the tfos claim registry {path} stayed locked by another process for "
                                            f"{timeout:.0f}s; find it with `fuser {path}.lock`") from None
                 time.sleep(0.05)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 
+from tfos.host.deadline import Deadline
+
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -193,9 +195,9 @@ def read_new_output(path: str, start: int, settle_secs: float = 0.3, timeout: fl
     (a signal handler writing it): at most MAX_STACKS_BYTES, "" if nothing came within ``timeout``."""
     import time
 
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     size, stable_since = start, time.monotonic()
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         try:
             now = os.path.getsize(path)
         except OSError:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import base64
 import datetime
 import threading
-import time
 
 import torch.distributed as dist
 
 from tfos.errors import TFOSTimeoutError
+from tfos.host.deadline import Deadline
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
 
@@ -43,12 +43,12 @@ class DriverStore(dist.Store):
     def _values(self, keys, timeout: float | None = None):
         keys = list(keys)
         limit = self._timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        deadline = Deadline(limit)
         while True:
-            reply = self._call(self._client.store_get, keys, max(0.0, min(5.0, deadline - time.monotonic())))
+            reply = self._call(self._client.store_get, keys, deadline.slice(5.0))
             if not reply.missing:
                 return [base64.b64decode(v) for v in reply.values]
-            if time.monotonic() >= deadline:
+            if deadline.expired():
                 raise TFOSTimeoutError(f"Gloo rendezvous: keys {list(reply.missing[:3])} of group {self._scope!r} were not "
                                        f"set within {limit:g} s: a rank did not start or join; raise the "
                                        "collectives' timeout_seconds if ranks are only slow to start")

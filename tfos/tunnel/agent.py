@@ -13,10 +13,10 @@ import os
 import select
 import signal
 import subprocess
-import time
 
 from tfos.errors import TFOSError, TFOSTimeoutError
 from tfos.host import private, processes
+from tfos.host.deadline import Deadline
 from tfos.tunnel import addresses, build
 from tfos.wire import messages as M
 
@@ -104,15 +104,14 @@ class NodeTunnel:
         return self.info
 
     def _first_line(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         out = self.proc.stdout
         buf = b""
         while not buf.endswith(b"\n"):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline.expired():
                 raise TFOSTimeoutError(f"the node's tunnel did not start within {timeout:.0f}s; see "
                                        f"{os.path.join(self.cfg.node_dir, 'tunnel.log')}")
-            if select.select([out], [], [], min(remaining, 1.0))[0]:
+            if select.select([out], [], [], deadline.slice(1.0))[0]:
                 chunk = os.read(out.fileno(), 256)
                 if not chunk:
                     code = self.proc.wait(5)

@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from tfos.errors import AuthenticationError, ChannelClosed, ProtocolError, RequestRefused, TFOSTimeoutError
+from tfos.host.deadline import Deadline
 from tfos.wire import crypto
 from tfos.wire.crypto import new_secret
 from tfos.wire.messages import ChannelKey, ErrorReply, decode, encode
@@ -90,11 +91,11 @@ class Channel:
         """Connect and authenticate within ``timeout`` seconds, in ``key``'s mode. A refused connection
         is retried with backoff (the service may be starting) unless ``retry=False``.
         ``unreachable_hint`` replaces the ``setting`` hint when no connection could be made."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         delay = 0.05
         last: Exception | None = None
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = deadline.remaining()
             if remaining <= 0:
                 hint = f"; raise {setting} if the peer is just slow" if setting else ""
                 if unreachable_hint:
@@ -108,11 +109,11 @@ class Channel:
                 if not retry:
                     raise ChannelClosed(f"cannot connect to the {what} at {host}:{port}: {e}") from None
                 last = e
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                time.sleep(deadline.slice(delay))
                 delay = min(delay * 2, 1.0)
         ch = cls(sock, f"{host}:{port}")
         try:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            sock.settimeout(max(0.1, deadline.remaining()))
             ch.client_handshake(key)
         except BaseException:
             ch.close()
@@ -153,7 +154,7 @@ class Channel:
                          nonce: bytes | None = None) -> None:
         """Authenticate the client in ``key``'s mode; the whole handshake must finish within
         ``timeout`` seconds. ``ephemeral``/``nonce`` for tests."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         self.sock.settimeout(timeout)
         secret = crypto.secret_bytes(key.secret)
         mode = crypto.mode_of(key.encrypt)
@@ -247,15 +248,15 @@ class Channel:
         if self._pending.nbytes:
             return
         timeout = self.sock.gettimeout()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else Deadline(timeout)
         while True:
-            slice_ = interval if deadline is None else min(interval, deadline - time.monotonic())
+            slice_ = interval if deadline is None else deadline.slice(interval)
             if slice_ <= 0:
                 raise socket.timeout(f"no reply from {self.peer}")
             readable, _, _ = select.select([self.sock], [], [], slice_)
             if readable:
                 if deadline is not None:
-                    self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    self.sock.settimeout(max(deadline.remaining(), 0.001))
                 return
             while_waiting()
 
@@ -321,7 +322,7 @@ class Channel:
         if used:
             self._raw_sendall(stage[:used])
 
-    def _recv_exact(self, n: int, deadline: float | None = None) -> bytearray:
+    def _recv_exact(self, n: int, deadline: Deadline | None = None) -> bytearray:
         """Exactly ``n`` bytes of the frame stream. Memory grows with the bytes that arrived (at most
         doubling), never from the length a peer announced: a 2 GiB length prefix alone costs nothing."""
         buf = bytearray(min(n, _FIRST_CHUNK) + _ROOM)
@@ -330,7 +331,7 @@ class Channel:
             if got + _ROOM == len(buf):
                 buf.extend(bytes(min(len(buf) - _ROOM, n - got)))
             if deadline is not None:
-                remaining = deadline - time.monotonic()
+                remaining = deadline.remaining()
                 if remaining <= 0:
                     raise socket.timeout("handshake deadline passed")
                 self.sock.settimeout(remaining)
@@ -451,14 +452,14 @@ class Channel:
         except (BrokenPipeError, ConnectionError) as e:
             raise ChannelClosed(f"connection to {self.peer} closed: {e}") from None
 
-    def _raw_recv_exact(self, n: int, deadline: float | None = None) -> bytearray:
+    def _raw_recv_exact(self, n: int, deadline: Deadline | None = None) -> bytearray:
         """Exactly ``n`` raw bytes of the handshake (``n`` is one of its fixed sizes)."""
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
         while got < n:
             if deadline is not None:
-                remaining = deadline - time.monotonic()
+                remaining = deadline.remaining()
                 if remaining <= 0:
                     raise socket.timeout("handshake deadline passed")
                 self.sock.settimeout(remaining)

@@ -27,6 +27,7 @@ import threading
 import time
 
 from tfos.errors import ChannelClosed, ProtocolError, TFOSError
+from tfos.host.deadline import Deadline
 from tfos.wire.channel import MAX_DATA_FRAME, Channel
 from tfos.wire.messages import ChannelKey, ErrorReply
 
@@ -338,10 +339,10 @@ def _linger(sock: socket.socket, secs: float = 2.0, max_bytes: int = 64 << 20) -
     """Half-close after an error reply and discard what the peer still sends (bounded), so the
     close does not reset the connection and destroy the reply before the peer reads it."""
     sock.shutdown(socket.SHUT_WR)
-    deadline = time.monotonic() + secs
+    deadline = Deadline(secs)
     drained = 0
     while drained < max_bytes:
-        remaining = deadline - time.monotonic()
+        remaining = deadline.remaining()
         if remaining <= 0:
             return
         sock.settimeout(remaining)

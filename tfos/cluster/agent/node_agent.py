@@ -27,6 +27,7 @@ from tfos.cluster.agent import reaper
 from tfos.host.gpus import gpu_environment, pick_gpus
 from tfos.errors import NONRETRYABLE_FILE, PEER_FAILED_FILE, Cause, TFOSError
 from tfos.host import cgroup, private, processes
+from tfos.host.deadline import Deadline
 from tfos.topology import CPU_ONLY_JOBS
 from tfos.tunnel.agent import NodeTunnel
 from tfos.wire import messages as M
@@ -301,7 +302,7 @@ class NodeAgent:
         retryable = not os.path.exists(os.path.join(self.cfg.node_dir, NONRETRYABLE_FILE))
         peer_failed = os.path.exists(os.path.join(self.cfg.node_dir, PEER_FAILED_FILE))
         driver_lost = cause is Cause.DRIVER_LOST
-        deadline = time.monotonic() + (2.0 if driver_lost else REPORT_EXIT_SECS)
+        deadline = Deadline(2.0 if driver_lost else REPORT_EXIT_SECS)
         attempt = 0
         while True:
             attempt += 1
@@ -310,10 +311,10 @@ class NodeAgent:
                                         cause is Cause.STOPPED, reason, retryable=retryable, peak_rss_mb=peak_rss_mb,
                                         cause=cause, memory_limit_mb=memory_limit_mb, oom_killed=oom_killed,
                                         peer_failed=peer_failed,
-                                        timeout=max(0.5, min(10.0, deadline - time.monotonic())))
+                                        timeout=max(0.5, deadline.slice(10.0)))
                 return
             except (TFOSError, OSError) as e:
-                if time.monotonic() + 1.0 >= deadline:
+                if deadline.remaining() <= 1.0:
                     logger.warning("could not report the exit to the driver (%d attempts): %s", attempt, e)
                     return
                 time.sleep(1.0)

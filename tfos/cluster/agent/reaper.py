@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping
 
 from tfos.host import processes
+from tfos.host.deadline import Deadline
 
 logger = logging.getLogger(__name__)
 
@@ -150,12 +151,12 @@ class Reaper:
         (again and again, for processes forked meanwhile) for up to KILL_WAIT_SECS; reap all."""
         if not self.signal_all(signal.SIGTERM) and not self.reap():
             return
-        deadline = time.monotonic() + grace_secs
-        while self.reap() and time.monotonic() < deadline:
+        deadline = Deadline(grace_secs)
+        while self.reap() and not deadline.expired():
             time.sleep(POLL_SECS / 2)
-        deadline, first = time.monotonic() + KILL_WAIT_SECS, True
+        deadline, first = Deadline(KILL_WAIT_SECS), True
         while self.reap():
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 logger.error("descendants still running %.0fs after SIGKILL: %s", KILL_WAIT_SECS,
                              descendants(process_parents(), os.getpid()))
                 return

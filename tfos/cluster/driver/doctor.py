@@ -22,6 +22,7 @@ import time
 
 from tfos.cluster.driver import security
 from tfos.errors import ConfigError
+from tfos.host.deadline import Deadline
 
 logger = logging.getLogger(__name__)
 
@@ -278,10 +279,10 @@ def executors_expected(sc, conf: dict, wait: float = 60.0) -> int:
     if sc.master == "local" or sc.master.startswith("local["):
         return 1  # the driver's own executor
     want = expected_executors(sc.master, conf)
-    deadline = time.monotonic() + wait
+    deadline = Deadline(wait)
     while True:
         have = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # minus the driver
-        if (want is None and have > 0) or (want is not None and have >= want) or time.monotonic() > deadline:
+        if (want is None and have > 0) or (want is not None and have >= want) or deadline.expired():
             return max(1, want or have)
         time.sleep(0.5)
 

@@ -25,6 +25,7 @@ from tfos.cluster.driver.lifecycle import agent_lost, exit_reason, failure_cause
 from tfos.cluster.driver.evictions import SaveRounds
 from tfos.cluster.driver.rendezvous import RendezvousStore
 from tfos.errors import Cause, NodeFailure, ProtocolError, TFOSTimeoutError, format_failures
+from tfos.host.deadline import Deadline
 from tfos.wire import messages as M
 from tfos.wire import values
 
@@ -125,10 +126,10 @@ class NodeRegistry:
         own (only for a predicate that watches something with one). After ``timeout`` seconds it
         raises TFOSTimeoutError saying ``what`` did not happen and naming ``setting``, the setting
         that raises the limit; without ``setting`` it returns False."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        deadline = None if timeout is None else Deadline(max(0.0, timeout))
         with self.cond:
             while not predicate(self.snapshot()):
-                remaining = None if deadline is None else deadline - time.monotonic()
+                remaining = None if deadline is None else deadline.remaining()
                 if remaining is not None and remaining <= 0:
                     if setting is None:
                         return False
@@ -319,17 +320,16 @@ class NodeRegistry:
         """The cluster spec, once every node registered and the supervisor set up the backend (it
         wakes this wait; registrations do not). Encoded once per attempt for all the nodes."""
         wait = max(0.0, min(msg.timeout, self.max_wait))
-        deadline = time.monotonic() + wait
+        deadline = Deadline(wait)
         with self.cond:
             me = self.node(msg.node_index)
             while self.backend_config is None:
                 if self.failures or self.abort_reason or me.stop:
                     return M.ErrorReply("cluster start aborted: " + (self.abort_reason or "another node failed"))
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if deadline.expired():
                     return M.ErrorReply(f"nodes {self.missing()} did not register within {wait:.0f}s "
                                         "(raise reservation_timeout)")
-                self._spec_cond.wait(min(remaining, 5.0))
+                self._spec_cond.wait(deadline.slice(5.0))
             if self._spec is None:
                 nodes = tuple(self.nodes[i].info for i in sorted(self.nodes))
                 self._spec = M.Encoded(M.ClusterSpecReply(nodes, self.backend_config))

@@ -9,9 +9,9 @@ import select
 import subprocess
 import sys
 import threading
-import time
 
 from tfos.host import processes
+from tfos.host.deadline import Deadline
 from tfos.errors import ConfigError, TFOSError
 
 logger = logging.getLogger(__name__)
@@ -40,10 +40,10 @@ class TensorBoard:
         logger.info("TensorBoard for %s at %s", log_dir, self.url)
 
     def _read_url(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         seen = []
         buf = b""
-        while time.monotonic() < deadline:
+        while not deadline.expired():
             if self.proc.poll() is not None:
                 break
             ready, _, _ = select.select([self.proc.stderr], [], [], 0.5)

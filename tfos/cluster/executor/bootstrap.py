@@ -15,10 +15,10 @@ import select
 import subprocess
 import sys
 import tempfile
-import time
 
 from tfos.errors import ConfigError, TFOSError
 from tfos.host import private, processes
+from tfos.host.deadline import Deadline
 from tfos.host.versions import local_versions, version_mismatch
 from tfos.topology import InputMode, place_nodes
 from tfos.wire import messages as M
@@ -148,15 +148,14 @@ def launch_agent(cfg: M.NodeConfig) -> subprocess.Popen:
 
 def wait_started(proc: subprocess.Popen, timeout: float, ndir: str) -> str:
     """Read the agent's first line: ``STARTED`` or ``FAILED <reason>``."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     buf = b""
     while b"\n" not in buf:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if deadline.expired():
             processes.terminate(proc, 1.0, "node agent")
             raise TFOSError(f"node agent did not start within {timeout:.0f}s (raise reservation_timeout); "
                             f"see {ndir}/agent.log")
-        ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 1.0))
+        ready, _, _ = select.select([proc.stdout], [], [], deadline.slice(1.0))
         if ready:
             chunk = os.read(proc.stdout.fileno(), 4096)
             if not chunk:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import socket
-import time
 
 from tfos import topology
 from tfos.data.paths import absolute_path, context_default_fs
 from tfos.errors import ConfigError, TFOSTimeoutError
+from tfos.host.deadline import Deadline
 from tfos.wire.messages import NodeConfig, NodeInfo
 
 
@@ -112,13 +112,12 @@ class NodeContext:
     def _gather(self, key: str, value: int, text: str, timeout: float) -> list[tuple[int, str]]:
         if self.rank is None:
             raise ConfigError(f"all_gather is for the training ranks (chief and workers), not {self.job_name}")
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
-            reply = self.reporter.driver.gather(key, value, wait=max(0.0, min(5.0, deadline - time.monotonic())),
-                                                text=text)
+            reply = self.reporter.driver.gather(key, value, wait=deadline.slice(5.0), text=text)
             if reply.values:
                 return list(zip(reply.values, reply.texts or ("",) * len(reply.values)))
-            if time.monotonic() >= deadline:
+            if deadline.expired():
                 raise TFOSTimeoutError(f"ranks {list(reply.missing)} did not give their value for all_gather({key!r}) "
                                        f"within {timeout:.0f}s; raise all_gather(timeout=...)")
 

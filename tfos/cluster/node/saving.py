@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from tfos.errors import TFOSError
+from tfos.host.deadline import Deadline
 
 logger = logging.getLogger(__name__)
 
@@ -110,28 +110,26 @@ class SavePoint:
         return bool(self.round) and 0 <= self.target <= step
 
     def _wait_for_target(self, step: int) -> None:
-        deadline = time.monotonic() + self._grace
+        deadline = Deadline(self._grace)
         while self.round and self.target < 0 and not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline.expired():
                 logger.warning("tfos: the save round's target did not come within %.0f s (eviction_grace); "
                                "going on from step %d", self._grace, step)
                 return
-            self._cond.wait(min(left, 1.0))
+            self._cond.wait(deadline.slice(1.0))
 
     def _wait_for_stop(self, step: int) -> None:
         """After a save for an eviction the cluster restarts from it: a step done now would be lost.
         Wait (up to the grace) for the driver's stop; the round ending without one goes on."""
-        deadline = time.monotonic() + self._grace
+        deadline = Deadline(self._grace)
         saved = self.saved_round
         while self.round == saved and not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline.expired():
                 logger.warning("tfos: the cluster did not restart within %.0f s after the save at step %d; going on",
                                self._grace, step)
                 self.saved_round = 0
                 return
-            self._cond.wait(min(left, 1.0))
+            self._cond.wait(deadline.slice(1.0))
 
     def _poll(self) -> None:
         while not self._stop.is_set():

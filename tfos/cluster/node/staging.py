@@ -28,6 +28,7 @@ import time
 
 from tfos.data.fs import _resolve, _scheme
 from tfos.errors import TFOSError
+from tfos.host.deadline import Deadline
 
 logger = logging.getLogger(__name__)
 
@@ -169,14 +170,14 @@ class Mirror:
             self._thread.join(timeout)
         if not self.upload:
             return
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
             try:
                 n = self.sync(final=True)
                 logger.info("staging: %s is on %s (%d file(s) in the last pass)", self.local_dir, self.uri, n)
                 return
             except Exception as e:
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     raise TFOSError(f"could not upload {self.local_dir} to {self.uri}: {e}") from e
                 logger.warning("last upload to %s failed, retrying: %s", self.uri, e)
                 time.sleep(1.0)

@@ -23,10 +23,10 @@ import heapq
 import itertools
 import logging
 import threading
-import time
 
 from tfos.cluster.driver.registry import NodeRegistry, Snapshot
 from tfos.data import uneven
+from tfos.host.deadline import Deadline
 from tfos.wire import messages as M
 from tfos.wire.schema import column_drift
 
@@ -275,7 +275,7 @@ class FeedScheduler:
         """A node's gate: answered when every live node has been sent ``need`` rows of the feed, when
         the feed is complete, or after ``wait`` seconds (the node asks again)."""
         self.registry.node(msg.node_index)
-        deadline = time.monotonic() + min(max(msg.wait, 0.0), 10.0)
+        deadline = Deadline(min(max(msg.wait, 0.0), 10.0))
         woken: threading.Event | None = None
         with self._lock:
             while True:
@@ -284,15 +284,14 @@ class FeedScheduler:
                     own = dict(totals).get(msg.node_index, -1)
                     break
                 safe = safe_rows(self._live()[0], self.feed_rows.get(msg.feed_id, {}))
-                left = deadline - time.monotonic()
-                if safe >= msg.need or left <= 0:
+                if safe >= msg.need or deadline.expired():
                     return M.FeedGateReply(safe)
                 if woken is None or woken.is_set():  # wait in the heap until an assignment meets the need
                     woken = threading.Event()
                     heapq.heappush(self._gates.setdefault(msg.feed_id, []), (msg.need, next(self._seq), woken))
                 self._lock.release()
-                try:
-                    woken.wait(min(left, 0.5))  # and look again now and then: a node that ends changes ``live``
+                try:  # and look again now and then: a node that ends changes ``live``
+                    woken.wait(deadline.slice(0.5))
                 finally:
                     self._lock.acquire()
         return M.FeedGateReply(min((r for _, r in totals), default=0), True, totals, own,

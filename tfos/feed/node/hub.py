@@ -13,11 +13,11 @@ import collections
 import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass
 
 from tfos.data import positions
 from tfos.errors import FeedError, ProtocolError, TFOSError
+from tfos.host.deadline import Deadline
 from tfos.wire import arrow
 from tfos.wire import messages as M
 from tfos.wire.channel import KIND_ARROW, Channel
@@ -315,9 +315,9 @@ class FeedHub:
         thread.start()
 
     def close(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         for thread in self._senders:  # rows on their way to another node: let them arrive
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(deadline.remaining())
         self._stop.set()
         self._listener.close()
 

@@ -13,6 +13,7 @@ import time
 from tfos.cluster.agent.reaper import REAPER_MODULE
 from tfos.cluster.agent.node_agent import TF_PROCESS_MODULE
 from tfos.cluster.executor.bootstrap import AGENT_MODULE
+from tfos.host.deadline import Deadline
 
 
 def gpu_discovery_script(addresses, directory: str | None = None) -> str:
@@ -121,9 +122,9 @@ def _configure(b, app_name: str, fake_gpus_per_executor: int, conf: dict | None)
 
 def _wait_executors(sc, num_executors: int, wait_secs: float) -> None:
     jsc = sc._jsc.sc()
-    deadline = time.monotonic() + wait_secs
+    deadline = Deadline(wait_secs)
     while jsc.statusTracker().getExecutorInfos().__len__() - 1 < num_executors:
-        if time.monotonic() > deadline:
+        if deadline.expired():
             raise TimeoutError(f"only {jsc.statusTracker().getExecutorInfos().__len__() - 1} of {num_executors} "
                                f"executors registered within {wait_secs:.0f}s")
         time.sleep(0.25)
@@ -178,18 +179,18 @@ def tfos_processes(session: str | None = None):
 def wait_no_tfos_processes(timeout: float = 30.0, session: str | None = None):
     """Wait until no tfos agent, reaper or TF process is left (of ``session`` only, when given);
     return the leftovers (empty list if none)."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         left = tfos_processes(session)
-        if not left or time.monotonic() > deadline:
+        if not left or deadline.expired():
             return left
         time.sleep(0.2)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:
     """Poll ``predicate`` until it is true or ``timeout`` seconds passed; return its last value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout)
+    while not deadline.expired():
         if predicate():
             return True
         time.sleep(interval)

@@ -9,6 +9,8 @@ import signal
 import time
 from pathlib import Path
 
+from tfos.host.deadline import Deadline
+
 
 def tail(path: Path, n: int = 40) -> str:
     try:
@@ -59,8 +61,8 @@ def stop_tree(roots: list[int], grace: float, kill_wait: float = 10.0, on_kill=N
                     kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and living():
+        deadline = Deadline(wait)
+        while not deadline.expired() and living():
             time.sleep(0.2)
         if not living():
             break

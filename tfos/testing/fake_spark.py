@@ -25,6 +25,7 @@ import threading
 import time
 
 from tfos.errors import ReservationTimeoutError, TFOSError
+from tfos.host.deadline import Deadline
 from tfos.topology import InputMode
 from tfos.wire import messages as M
 from tfos.wire.clients import DriverClient
@@ -104,7 +105,7 @@ class FakeNode(threading.Thread):
         job, task_index = c.roles[self.index]
         long = c.reservation_timeout + 60
         if self.does is Does.NEVER_REGISTER:
-            return -15, "", True, stop or self._heartbeat_until(client, time.monotonic() + long)
+            return -15, "", True, stop or self._heartbeat_until(client, Deadline(long))
         client.register(M.NodeInfo(self.index, job, task_index, "127.0.0.1", 20000 + self.index, 0, os.getpid()))
         client.cluster_spec(c.reservation_timeout)
         if self.does is Does.GO_SILENT:
@@ -113,14 +114,14 @@ class FakeNode(threading.Thread):
             client.report({"step": 1}, [])
         if self.does is Does.CHECKPOINTS:
             for step in range(int(long * 10)):
-                if self._heartbeat_until(client, time.monotonic() + 0.1):
+                if self._heartbeat_until(client, Deadline(0.1)):
                     return -15, "", True, True
                 if self.index == 0:
                     client.checkpoint_saved(step)
         if self.does in (Does.SAVES, Does.HANDLER_SAVES):
             return self._saves(client, long)
-        end = time.monotonic() + (long if self.does in (Does.HANG, Does.STALL) else self.run_secs)
-        if stop or self._heartbeat_until(client, end):
+        run = Deadline(long if self.does in (Does.HANG, Does.STALL) else self.run_secs)
+        if stop or self._heartbeat_until(client, run):
             return -15, "", True, True
         if self.does is Does.FINISH:
             return 0, "", True, False
@@ -145,7 +146,7 @@ class FakeNode(threading.Thread):
         def agent():
             told = False
             while not stopped.is_set():
-                if self._heartbeat_until(client, time.monotonic() + 0.05):
+                if self._heartbeat_until(client, Deadline(0.05)):
                     stopped.set()
                     point.close()  # the process ends: a wait in should_checkpoint with it
                     return
@@ -159,9 +160,9 @@ class FakeNode(threading.Thread):
 
         beats = threading.Thread(target=agent, name=f"fake-agent-{self.index}", daemon=True)
         beats.start()
-        end = time.monotonic() + long
+        run = Deadline(long)
         try:
-            while not stopped.is_set() and time.monotonic() < end:
+            while not stopped.is_set() and not run.expired():
                 time.sleep(0.05)
                 self.steps += 1
                 if handler:
@@ -185,11 +186,12 @@ class FakeNode(threading.Thread):
         beats.join()
         return -15, "", True, not declined.is_set()
 
-    def _heartbeat_until(self, client: DriverClient, end: float) -> bool:
-        """Heartbeat until ``end``; True when the driver (or a cancelled stage) asks to stop first."""
+    def _heartbeat_until(self, client: DriverClient, end: Deadline) -> bool:
+        """Heartbeat until ``end`` passed; True when the driver (or a cancelled stage) asks to
+        stop first."""
         interval = max(0.05, self.cluster.heartbeat_interval)
         answered = 0
-        while time.monotonic() < end:
+        while not end.expired():
             if self.cancelled.is_set():
                 return True
             reply = client.heartbeat_reply()
@@ -198,7 +200,7 @@ class FakeNode(threading.Thread):
             if reply.dump > answered:  # the stall watchdog or dump_stacks(): this thread's real stack
                 answered = reply.dump
                 client.node_stacks(reply.dump, _own_stack(), f"fake node {self.index}: last log line")
-            self.cancelled.wait(min(interval, max(0.0, end - time.monotonic())))
+            self.cancelled.wait(end.slice(interval))
         return False
 
 

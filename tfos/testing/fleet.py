@@ -33,6 +33,7 @@ import threading
 import time
 
 from tfos.errors import TFOSError
+from tfos.host.deadline import Deadline
 from tfos.testing.fake_spark import Does, FakeSpark
 from tfos.topology import InputMode
 from tfos.wire import messages as M
@@ -178,16 +179,16 @@ class SimulatedNode:
                     raise TFOSError(f"no cluster spec: {spec[:300]!r}")
             if self.does is Does.GO_SILENT:
                 return
-            end = time.monotonic() + (c.reservation_timeout + 60 if self.does is Does.HANG else self.run_secs)
+            run = Deadline(c.reservation_timeout + 60 if self.does is Does.HANG else self.run_secs)
             step = 0
-            while not self.stop.is_set() and time.monotonic() < end:
+            while not self.stop.is_set() and not run.expired():
                 step += 1
                 try:
                     client.report({"step": step}, [])
                     self.reports += 1
                 except (TFOSError, OSError) as e:  # as the TF process's reporter: dropped, not fatal
                     logger.debug("fleet node %d's report not delivered: %s", self.index, e)
-                self.stop.wait(min(max(0.05, c.report_interval), max(0.0, end - time.monotonic())))
+                self.stop.wait(run.slice(max(0.05, c.report_interval)))
             if not self.stop.is_set():
                 code = 0 if self.does is Does.FINISH else 1
                 if code:
@@ -218,10 +219,10 @@ def run_fleet(cluster: M.ClusterConfig, does: list[Does], run_secs: float, stats
     nodes = [SimulatedNode(cluster, first + k, d, run_secs) for k, d in enumerate(does)]
     for node in nodes:
         node.start()
-    deadline = time.monotonic() + cluster.reservation_timeout + run_secs + 120
+    deadline = Deadline(cluster.reservation_timeout + run_secs + 120)
     for node in nodes:
         if node.does is not Does.GO_SILENT:
-            node.ended.wait(max(0.0, deadline - time.monotonic()))
+            node.ended.wait(deadline.remaining())
     if stats:
         rtts = [r for node in nodes for r in node.rtts]
         with open(stats, "w") as f:

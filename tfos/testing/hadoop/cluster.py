@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 from xml.sax.saxutils import escape
 
+from tfos.host.deadline import Deadline
 from tfos.testing.daemons import alive as _alive, stop_tree, tail as _tail
 from tfos.testing.hadoop import kerberos
 from tfos.testing.hadoop.artifacts import (DATANODE, FS_SHELL, HADOOP_VERSION, HEAPS, JVM_FLAGS, MINIKDC, NAMENODE,
@@ -263,7 +264,7 @@ class HadoopCluster:
         return "; ".join(out)
 
     def _wait_ready(self, pids: dict) -> None:
-        deadline = time.monotonic() + self.timeout
+        deadline = Deadline(self.timeout)
         while True:
             for name, pid in pids.items():
                 if not _alive(pid):
@@ -271,7 +272,7 @@ class HadoopCluster:
                                              f"{_tail(self.dir / 'logs' / f'{name}.log')}")
             if not (missing := self.missing()):
                 return
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 tails = "\n".join(f"--- {n}.log\n{_tail(self.dir / 'logs' / f'{n}.log', 15)}" for n in pids)
                 raise HadoopClusterError(f"cluster not ready after {self.timeout:.0f}s, waiting for: "
                                          f"{missing}\n{tails}")
@@ -375,8 +376,8 @@ class HadoopCluster:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and self._owned(pid):
+            deadline = Deadline(wait)
+            while not deadline.expired() and self._owned(pid):
                 time.sleep(0.2)
             if not self._owned(pid):
                 log.info("stopped %s (pid %d)", name, pid)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from tfos.host.deadline import Deadline
 from tfos.testing.hadoop.artifacts import HadoopClusterError
 
 REALM = "EXAMPLE.COM"
@@ -39,14 +40,14 @@ def kdc_args(kdc_dir: Path) -> list[str]:
 
 def wait_ready(log: Path, pid_alive, timeout: float) -> None:
     """Until MiniKdc says it runs (it has then written krb5.conf and the keytab)."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         text = log.read_text(errors="replace") if log.exists() else ""
         if READY_LINE in text:
             return
         if not pid_alive():
             raise HadoopClusterError(f"MiniKdc exited during start-up; log tail:\n{text[-3000:]}")
-        if time.monotonic() > deadline:
+        if deadline.expired():
             raise HadoopClusterError(f"MiniKdc not ready after {timeout:.0f}s; log tail:\n{text[-3000:]}")
         time.sleep(0.2)
 

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from tfos.host.deadline import Deadline
 from tfos.testing.hadoop.artifacts import SMALL_JVM_FLAGS, YARN_NODE
 from tfos.testing.hadoop.cluster import HadoopCluster, HadoopClusterError
 
@@ -174,14 +175,14 @@ def logs(cluster: HadoopCluster, app_id: str, *, want=(), timeout: float = 90) -
     """``yarn logs -applicationId app_id``: every container's aggregated logs. The NodeManagers
     upload them after the application ends; this waits (up to ``timeout``) until each string in
     ``want`` appears in them."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         out = cluster.hadoop_cli(cli_args(["logs", "-applicationId", app_id]), check=False, timeout=120)
         text = out.stdout + out.stderr
         missing = [w for w in want if w not in text]
         if out.returncode == 0 and not missing:
             return text
-        if time.monotonic() > deadline:
+        if deadline.expired():
             raise HadoopClusterError(f"yarn logs of {app_id} lack {missing or 'nothing'} after {timeout:.0f}s "
                                      f"(exit {out.returncode}): {text[-3000:]}")
         time.sleep(2)

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tfos.errors import TFOSError
+from tfos.host.deadline import Deadline
 from tfos.testing.daemons import alive as _alive, stop_tree, tail as _tail
 from tfos.testing.kubernetes.pki import PKI
 
@@ -125,7 +126,7 @@ class KubernetesCluster:
                                       f"({self.logs / (name + '.log')}):\n{_tail(self.logs / (name + '.log'), 25)}")
 
     def _wait(self, what: str, ready, pids: dict, timeout: float | None = None) -> None:
-        deadline = time.monotonic() + (timeout or self.timeout)
+        deadline = Deadline(timeout or self.timeout)
         while True:
             self._check_alive(pids)
             try:
@@ -133,7 +134,7 @@ class KubernetesCluster:
                     return
             except (OSError, subprocess.SubprocessError):
                 pass
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 raise KubernetesError(f"{what} not ready within {timeout or self.timeout:.0f}s; logs in {self.logs}")
             time.sleep(0.5)
 
@@ -312,9 +313,9 @@ state = "{root / 'state'}"
 
         self.kubectl("apply", "-f", "-", input=namespace_manifests(NAMESPACE))
         # a namespace's default service account appears a moment after the namespace
-        deadline = time.monotonic() + 60
+        deadline = Deadline(60)
         while self.kubectl("-n", NAMESPACE, "get", "serviceaccount", "default", check=False).returncode != 0:
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 raise KubernetesError("the namespace's default service account never appeared "
                                       "(kube-controller-manager's log)")
             time.sleep(0.5)

@@ -98,6 +98,7 @@ class Controller:
         self._loop: threading.Thread | None = None
         self._loop_lock = threading.Lock()
         self._released = threading.Event()  # every node stopped, everything let go
+        self._releasing = False
         # the loop's state and the posted requests, read by the API side under _cv (notified on change)
         self._cv = threading.Condition()
         self.state = Idle()
@@ -214,7 +215,8 @@ class Controller:
         bootstrap = make_bootstrap(self.config, *self._main)
 
         def reservation_ended(job):
-            if job.error is not None and not self._interrupted() and self.config.attempt == attempt:
+            if job.error is not None and not self._interrupted() and not self._releasing \
+                    and self.config.attempt == attempt:
                 self.registry.abort(f"the tfos reservation job failed: {_short(job.error)}")
 
         cid = self.config.cluster_id
@@ -602,6 +604,7 @@ class Controller:
     def _release(self) -> None:
         """Let go of everything: the barrier job, the backend, and the cluster's reporting,
         TensorBoard and control service (``on_release``)."""
+        self._releasing = True  # the barrier job's end (cancelled here) is no failure any more
         job = self._reservation
         if job is not None and not job.done.is_set():
             job.thread.join(timeout=10)

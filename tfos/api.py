@@ -2,9 +2,10 @@
 
 Runs in the Spark driver. ``TFCluster`` is the facade: the public methods' signatures and
 docstrings (reserve, run, run_script, start, train, inference, shutdown) and the order of things
-at reserve time. The work lives behind it: the supervisor (``supervisor``: phases, attempts,
-restarts, the failure policy), the node registry and feed scheduler behind the control service
-(``registry``, ``tfos.feed.driver.scheduler``, ``service``), the feeding jobs
+at reserve time. The work lives behind it: the control loop (``controller``, the one actor:
+attempts, restarts, resizes, the end) and the API's waits on it (``supervisor``), the node
+registry and feed scheduler behind the control service (``registry``,
+``tfos.feed.driver.scheduler``, ``service``), the feeding jobs
 (``tfos.feed.driver.jobs``), and the progress bar, timeline and TensorBoard (``progress``,
 ``tensorboard``), the MLflow run (``tracking``), reserve()'s settings in groups and their one
 table of checks (``options``) and the checks that need several settings (``settings``).

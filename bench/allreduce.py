@@ -20,6 +20,9 @@ For each tensor size (float32, default 16, 64 and 256 MiB) and rank count, in ON
                        scaling pass after the sum
   * tfos gloo kept     allreduce(t) of a t the caller keeps: the result is a copy (chunked, each
                        chunk's all-reduce started while the next is copied)
+  * tfos gloo eager    allreduce(t) called eagerly (a notebook, a custom loop without tf.function):
+                       through tfos's op, a copy as for "kept"
+  * eager, py_function the same call through the tf.py_function path (the op switched off for it)
   * tfos gloo fp16     tfos.keras_dist.allreduce(t, compression='fp16'): half the bytes
   * tfos gloo bf16     the same with compression='bf16' (Gloo sums bfloat16 faster than float16)
   * tfos tf            tfos.keras_dist.allreduce with implementation='tf' (TF collective ops)
@@ -213,10 +216,19 @@ def worker_gloo_alternating(rank: int, ports, sizes, rounds: int = 5, threads=()
             # tf.function: the ceiling of any path that enters Gloo the way tfos does
             return tf.py_function(lambda: pg.allreduce([ref]).wait() or 0, [], tf.int32)
 
+        def eager_through_py_function():  # the eager path without tfos's op (as before it took eager calls)
+            kernel, group._kernel = group._kernel, None
+            try:
+                return keras_dist.allreduce(t, average=False)
+            finally:
+                group._kernel = kernel
+
         ref, t = torch.ones(n), tf.ones([n], tf.float32)
         fns = {"torch Gloo (ref)": lambda: pg.allreduce([ref]).wait(), "torch in tf.function": torch_in_tf_function,
                "tfos gloo": fresh, "tfos gloo 4/call": fresh_4,
-               "tfos gloo grads": grads, "tfos gloo grads loop": grads_loop, "tfos gloo kept": lambda: kept(t)}
+               "tfos gloo grads": grads, "tfos gloo grads loop": grads_loop, "tfos gloo kept": lambda: kept(t),
+               "tfos gloo eager": lambda: keras_dist.allreduce(t, average=False),
+               "eager, py_function": eager_through_py_function}
         fns.update({f"grads, {th} threads": on(p) for th, p in extra.items()})
         return fns
 
@@ -400,7 +412,7 @@ def print_table(ranks: int, sizes, results) -> None:
     for size in sizes:
         parts = []
         for name in ("torch in tf.function", "tfos gloo", "tfos gloo 4/call", "tfos gloo grads", "tfos gloo grads loop",
-                     "tfos gloo kept", "tfos gloo fp16", "tfos gloo bf16", *(n for n in names if n.startswith("grads, "))):
+                     "tfos gloo kept", "tfos gloo eager", "eager, py_function", "tfos gloo fp16", "tfos gloo bf16", *(n for n in names if n.startswith("grads, "))):
             if name in results:
                 if ref:
                     parts.append(f"{name}/torch {ref[size] / results[name][size]:.2f}")

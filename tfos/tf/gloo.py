@@ -12,11 +12,13 @@ ships a maintained Gloo; this module hands TF tensors to it without copying them
   only the all-reduce consumes) and copies it otherwise (a variable's value, a function
   argument the caller keeps), so a gradient is reduced in the memory back-propagation wrote it
   to, with no copy, and nothing TF may still read is ever written;
-* with tfos's op built (:mod:`tfos.tf.gloo_kernel`), a ``tf.function`` hands its tensors to Gloo
-  in C++ instead of through the ``py_function`` (no Python per call), with the same buffer rule
-  (TF's forwarding, else a copy);
-* eagerly (the caller holds the tensor) the tensor is copied into a fresh one, in chunks of
-  ``CHUNK_BYTES`` whose all-reduces start while the next chunk is being copied;
+* with tfos's op built (:mod:`tfos.tf.gloo_kernel`, the default wherever g++ can build it), a
+  ``tf.function`` and an eager call alike hand their tensors to Gloo in C++ instead of through the
+  ``py_function`` (no Python per call), with the same buffer rule (TF's forwarding, else a copy
+  made part by part while the parts before it travel; an eager caller holds its tensor, so it is
+  copied);
+* without the op, eagerly (the caller holds the tensor) the tensor is copied into a fresh one, in
+  chunks of ``CHUNK_BYTES`` whose all-reduces start while the next chunk is being copied;
 * the tensors of one step go to Gloo in one call (:meth:`Group.all_reduce_many`): every
   collective is issued before the first is waited for; a mean is one in-place scaling pass
   after the last.
@@ -188,7 +190,7 @@ class Group(Compressing):
         import tensorflow as tf
 
         graph = not tf.executing_eagerly()
-        kernel = graph and self._kernel is not None  # the op forwards or copies each input itself
+        kernel = self._kernel is not None  # the op forwards or copies each input itself, eagerly too
         xs, owns, casts = [], [], []
         for flat, own in zip(flats, owned):
             dtype = flat.dtype
@@ -203,12 +205,17 @@ class Group(Compressing):
             casts.append(dtype)
         if not xs:
             return []
-        if kernel:  # in a tf.function, whose errors are TF's own: the TF process raises the op's as CollectiveError
-            ys = self._kernel.all_reduce(xs, handle=self._handle(), average=[bool(a) for a in average],
-                                         context=f"{COLLECTIVE_ERROR}Gloo all-reduce failed on rank {self.rank} of "
-                                                 f"{self.size} (a peer died or stopped answering; the timeout is "
-                                                 f"{self.timeout_seconds:g} s, {self.timeout_setting})",
-                                         max_pieces=max_pieces(self.size), piece_bytes=PIECE_BYTES)
+        if kernel:  # in a tf.function its errors are TF's own: the TF process raises them as CollectiveError
+            try:
+                ys = self._kernel.all_reduce(xs, handle=self._handle(), average=[bool(a) for a in average],
+                                             context=f"{COLLECTIVE_ERROR}Gloo all-reduce failed on rank {self.rank} "
+                                                     f"of {self.size} (a peer died or stopped answering; the timeout "
+                                                     f"is {self.timeout_seconds:g} s, {self.timeout_setting})",
+                                             max_pieces=max_pieces(self.size), piece_bytes=PIECE_BYTES)
+            except tf.errors.OpError as e:  # eagerly: the caller gets tfos's error at once
+                text = e.message
+                raise CollectiveError(text[text.find(COLLECTIVE_ERROR) + len(COLLECTIVE_ERROR):]
+                                      if COLLECTIVE_ERROR in text else text) from None
         else:
             ys = tf.py_function(lambda *ts: self._all_reduce_eager(ts, owns, average), xs, [x.dtype for x in xs])
         out = []

@@ -3,7 +3,7 @@
 The control loop (:mod:`tfos.cluster.driver.controller`) is the one actor: it starts attempts,
 decides on failures, restarts, resizes, fails and ends the cluster. TFCluster's calls (``start``,
 ``shutdown``, ``raise_if_failed``, a feed's checks, an abort) never act themselves: they post a
-request to the loop (:class:`~tfos.cluster.driver.controller.Start`, ``Abort``, ``Finish``) and
+request to the loop (:class:`~tfos.cluster.driver.attempt.Start`, ``Abort``, ``Finish``) and
 wait, each with a deadline, until the loop's state says it acted (:meth:`Supervisor.wait`), then
 read the outcome. Tests drive both with the fake Spark (``tfos.testing.fake_spark``) and the loop
 one turn at a time (tests/unit/test_controller.py).
@@ -186,7 +186,9 @@ class Supervisor(Controller):
         if self._released.is_set():
             return
         self.post(Abort(err))
-        self._await_end(self.limit())
+        if not self._released.wait(self.limit()):  # never raises: it runs where another error is raised
+            logger.warning("tfos cluster %s: the control loop did not stop the nodes within %.0fs of an abort",
+                           self.cluster_id, self.limit())
 
     def _await_end(self, timeout: float) -> None:
         if not self._released.wait(timeout):

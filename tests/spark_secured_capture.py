@@ -44,7 +44,9 @@ def feed_marked(cluster, rdd, attack=None) -> dict:
     cap = Capture("lo")
     attacked = {}
     try:
-        cluster.train(rdd, num_epochs=1)
+        # on the channel, as from another host: a same-host feed's chunks go through shared memory
+        # (wire.ring) and never reach a socket, which would leave this capture nothing to compare
+        cluster.train(rdd, num_epochs=1, shared_memory=False)
         if attack is not None:
             attacked["attack"] = attack(cluster)
         cluster.shutdown(timeout=120)

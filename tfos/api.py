@@ -438,7 +438,7 @@ class TFCluster:
         return self.feeds.rows_total
 
     def train(self, data, num_epochs: int = 1, feed_timeout: float = 600, qname: str = "input",
-              chunk_rows: int | None = None, uneven: str | None = "drop") -> int:
+              chunk_rows: int | None = None, uneven: str | None = "drop", shared_memory: bool = True) -> int:
         """Stream ``data`` (an RDD of tuples/lists/dicts/arrays, or a DataFrame) into the training
         nodes ``num_epochs`` times (InputMode.SPARK). Every row reaches exactly one node once per
         epoch, shares balanced across nodes; then every node's feed ends. Returns the rows fed.
@@ -450,6 +450,10 @@ class TFCluster:
         ``"error"`` (UnevenDataError on every node, with each node's rows) or None (no gate; only
         for nodes that run no collective per batch). Dropped and padded rows are logged and in
         ``cluster.metrics()`` (``rows_dropped``, ``rows_padded``).
+
+        A feeding task on a TF process's host writes its chunks into shared memory the TF process
+        reads without a copy (``shared_memory=False``: over the channel, like other hosts' tasks;
+        docs/design.md, "The feed through shared memory").
 
         Raises FeedTimeoutError if a node accepts no data for ``feed_timeout`` seconds, FeedError
         for rows that cannot be converted, NodeFailedError if a node fails meanwhile.
@@ -471,20 +475,21 @@ class TFCluster:
         resume = self.feeds.resume(num_epochs) if restarts.max_restarts > 0 or restarts.elastic else None
         try:
             return feed_across_restarts(self.supervisor, lambda resume: self.feeds.train(
-                data, num_epochs, feed_timeout, qname, chunk_rows, resume=resume, uneven=uneven), resume)
+                data, num_epochs, feed_timeout, qname, chunk_rows, resume=resume, uneven=uneven,
+                shared_memory=shared_memory), resume)
         finally:
             self.feeds.resuming = None
 
     def inference(self, data, feed_timeout: float = 600, qname: str = "input", chunk_rows: int | None = None,
-                  output_column: str = "prediction", output_type: str | None = None):
+                  output_column: str = "prediction", output_type: str | None = None, shared_memory: bool = True):
         """One result per input row, in input order within each partition (InputMode.SPARK).
 
         RDD in -> RDD of results (lazy, like any RDD). DataFrame in -> the same DataFrame plus
         ``output_column`` of Spark SQL type ``output_type`` (e.g. 'double', 'array<float>').
-        main_fun answers with ``feed.batch_results(...)``.
+        main_fun answers with ``feed.batch_results(...)``. ``shared_memory``: as in :meth:`train`.
         """
         self._check_running("run inference")
-        return self.feeds.inference(data, feed_timeout, qname, chunk_rows, output_column, output_type)
+        return self.feeds.inference(data, feed_timeout, qname, chunk_rows, output_column, output_type, shared_memory)
 
     def _check_running(self, what: str) -> None:
         self.raise_if_failed()

@@ -80,6 +80,36 @@ def test_a_dataframe_of_a_session_made_after_an_rdd_feed_is_fed_too(spark, sc, t
         cluster.shutdown(timeout=120)
 
 
+def count_paths(args, ctx):
+    """Two feeds, each read whole; after each, how many chunks reached this node's hub through
+    its shared-memory rings and how many on the channel."""
+    seen = []
+    for _ in range(2):
+        feed = ctx.get_data_feed(train_mode=True)
+        rows = sum(len(ids) for ids, _vec in feed.batches(64))
+        seen.append({"rows": rows, "shm": feed.hub.shm_chunks, "channel": feed.hub.channel_chunks})
+    with open(os.path.join(args, f"paths-{ctx.node_index}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+def test_same_host_chunks_come_through_shared_memory_unless_told_not_to(sc, tmp_path):
+    """Every feeding task of the local-cluster runs on the TF processes' host: its chunks are
+    written into the hubs' rings (wire.ring), none on the channel; ``shared_memory=False`` sends
+    them all on the channel. Either way every row arrives once."""
+    rdd, n = uneven_rdd(sc, 600)
+    cluster = TFCluster.run(sc, count_paths, str(tmp_path), 2, 0, input_mode=InputMode.SPARK, master_node="chief")
+    try:
+        assert cluster.train(rdd, num_epochs=1, chunk_rows=50, uneven=None) == n
+        assert cluster.train(rdd, num_epochs=1, chunk_rows=50, uneven=None, shared_memory=False) == n
+    finally:
+        cluster.shutdown(timeout=120)
+    seen = [json.loads((tmp_path / f"paths-{i}.json").read_text()) for i in range(2)]
+    assert [sum(s[k]["rows"] for s in seen) for k in range(2)] == [n, n]
+    for ring_feed, channel_feed in seen:
+        assert ring_feed["shm"] >= 1 and ring_feed["channel"] == 0, seen
+        assert channel_feed["shm"] == ring_feed["shm"] and channel_feed["channel"] >= 1, seen
+
+
 def count_ids_through_dataset(args, ctx):
     """feed.dataset(37) read to exhaustion: the ids read and every batch's size."""
     feed = ctx.get_data_feed(train_mode=True)

@@ -245,11 +245,24 @@ class FeedClient:
         self.ch.settimeout(timeout)
 
     def begin(self, feed_id: str, qname: str, partition: int, train: bool, uneven: str = "",
-              ranks: int = 1) -> None:
-        self.ch.send(M.FeedBegin(feed_id, qname, partition, train, uneven, ranks))
+              ranks: int = 1, local: bool = False, mapped=()) -> M.FeedRing | None:
+        """Start a partition's stream; with ``local`` (the hub is on this host) ask for a
+        shared-memory ring, preferably one of ``mapped`` (tokens), and return the hub's answer
+        (:mod:`tfos.wire.ring`)."""
+        self.ch.send(M.FeedBegin(feed_id, qname, partition, train, uneven, ranks, local, tuple(mapped)))
+        if not local:
+            return None
+        reply = self.next_reply()
+        if not isinstance(reply, M.FeedRing):
+            raise ProtocolError(f"expected FeedRing, got {type(reply).__name__}")
+        return reply
 
     def send_batch(self, ipc_payload) -> None:
         self.ch.send_data(ipc_payload)
+
+    def send_shm(self, slot: int, seq: int, offset: int, length: int) -> None:
+        """A chunk written into the ring's ``slot`` (in place of :meth:`send_batch`)."""
+        self.ch.send(M.FeedShm(slot, seq, offset, length))
 
     def send_at(self, epoch: int, partition: int, offset: int) -> None:
         """Where the next data frame's rows come from (a train feed that may be resumed)."""

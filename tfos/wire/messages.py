@@ -150,6 +150,7 @@ class FeedConfig:
     feed_addresses: tuple[tuple[int, str, int], ...]  # (node index, host, feed port)
     chunk_rows: int | None = None
     uneven: str = "drop"  # equal steps on every rank (tfos.data.uneven); "" turns the gate off
+    shared_memory: bool = True  # a feeding task on a TF process's host writes into its ring (wire.ring)
 
     def address(self, node: int) -> tuple[str, int]:
         for i, host, port in self.feed_addresses:
@@ -501,6 +502,34 @@ class FeedBegin:  # feeding task -> feed hub, then Arrow frames
     train: bool
     uneven: str = ""  # the feed's policy for unequal rows per rank ("": no gate)
     ranks: int = 1  # how many nodes this feed feeds (a lone rank needs no gate)
+    local: bool = False  # the sender is on the hub's host and asks for a shared-memory ring (FeedRing)
+    mapped: tuple[str, ...] = ()  # tokens of the rings the sender has mapped already (lend one of them)
+
+
+@message
+class FeedRing:
+    """Feed hub -> feeding task, the answer to a ``FeedBegin(local=True)``: the shared-memory ring
+    lent to this connection (:mod:`tfos.wire.ring`), mapped through ``/proc/<pid>/fd/<fd>`` and
+    checked by its random ``token`` (hex); ``pid`` 0: none, ``why`` says why (the data then
+    travels on the channel)."""
+
+    pid: int = 0
+    fd: int = -1
+    token: str = ""
+    slots: int = 0
+    slot_bytes: int = 0
+    why: str = ""
+
+
+@message
+class FeedShm:
+    """Feeding task -> feed hub, in place of an Arrow data frame: one IPC stream of ``length``
+    bytes at ``offset`` of ring slot ``slot``, the slot's write number ``seq``."""
+
+    slot: int
+    seq: int
+    offset: int
+    length: int
 
 
 @message

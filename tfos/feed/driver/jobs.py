@@ -64,13 +64,15 @@ class FeedJobs:
         self.resuming: FeedResume | None = None  # the resumable feed running or last run
         self.events: list = []  # timeline events of the feeding jobs
 
-    def feed_config(self, qname: str, feed_timeout: float, chunk_rows, uneven: str = "") -> M.FeedConfig:
+    def feed_config(self, qname: str, feed_timeout: float, chunk_rows, uneven: str = "",
+                    shared_memory: bool = True) -> M.FeedConfig:
         nodes = {n.node_index: n for n in self.registry.registered()}
         ranks = tuple(self.scheduler.feed_ranks)
         c = self.cluster
         return M.FeedConfig(c.cluster_id, c.key, c.driver_host, c.driver_port, uuid.uuid4().hex[:12], qname,
                             float(feed_timeout), ranks,
-                            tuple((i, nodes[i].host, nodes[i].feed_port) for i in ranks), chunk_rows, uneven)
+                            tuple((i, nodes[i].host, nodes[i].feed_port) for i in ranks), chunk_rows, uneven,
+                            bool(shared_memory))
 
     def run(self, description: str, action):
         """Run ``action()`` (a Spark action) in its own job group; fail fast if a node fails meanwhile."""
@@ -115,17 +117,17 @@ class FeedJobs:
                        c.heartbeat_timeout + 2 * c.heartbeat_interval, poll=0.2)
 
     def train(self, data, num_epochs: int, feed_timeout: float, qname: str, chunk_rows=None,
-              resume: FeedResume | None = None, uneven: str = "drop") -> int:
+              resume: FeedResume | None = None, uneven: str = "drop", shared_memory: bool = True) -> int:
         """One feed of ``num_epochs`` epochs. With ``resume`` (restarts allowed) every epoch is its
         own Spark job, from ``resume.first``, each without the rows the checkpoint has trained on
         and with every piece's origin (:mod:`tfos.feed.driver.resume`); else one job feeds all
         epochs. ``uneven``: the policy for unequal rows per node (:mod:`tfos.data.uneven`, checked
-        by the caller)."""
+        by the caller); ``shared_memory``: same-host chunks through the hubs' rings (wire.ring)."""
         from tfos.feed.executor.producer import make_train_feeder  # pyarrow: loaded when data is fed, not at import
 
         if not is_dataframe(data) and self.spark.connect:
             raise_no_rdd("train() with an RDD")
-        cfg = self.feed_config(qname, feed_timeout, chunk_rows, uneven)
+        cfg = self.feed_config(qname, feed_timeout, chunk_rows, uneven, shared_memory)
         epochs = range(resume.first if resume is not None else 0, num_epochs)
         partitions = _partitions(data, self.spark.connect)  # per epoch (0: unknown)
         self.scheduler.partitions[cfg.feed_id] = len(epochs) * partitions
@@ -202,12 +204,12 @@ class FeedJobs:
             raise
 
     def inference(self, data, feed_timeout: float, qname: str, chunk_rows=None, output_column="prediction",
-                  output_type=None):
+                  output_type=None, shared_memory: bool = True):
         from tfos.feed.executor.producer import make_inference_feeder
 
         if not is_dataframe(data) and self.spark.connect:
             raise_no_rdd("inference() with an RDD")
-        cfg = self.feed_config(qname, feed_timeout, chunk_rows)
+        cfg = self.feed_config(qname, feed_timeout, chunk_rows, shared_memory=shared_memory)
         self.spark.lend_secret(cfg.key.secret)  # the caller's thread runs the lazy result's jobs
         if not is_dataframe(data):
             return data.mapPartitionsWithIndex(make_inference_feeder(cfg, arrow_input=False))

@@ -21,6 +21,7 @@ from tfos.data import positions
 from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, RequestRefused, TFOSError
 from tfos.wire import arrow
 from tfos.wire import messages as M
+from tfos.wire import ring
 from tfos.feed.executor.credentials import closure_config, task_config
 from tfos.wire.clients import DriverClient, FeedClient
 
@@ -119,23 +120,44 @@ class _Sender:
         # a gated train feed (equal steps): each node hears the driver's safe count with its data
         self.gated = train and bool(cfg.uneven) and len(cfg.feed_nodes) > 1
         self.safe_sent: dict[int, int] = {}
+        self.rings: dict[int, ring.RingWriter] = {}  # nodes on this host that lent a shared-memory ring
 
     def client(self, node: int) -> FeedClient:
         client = self.clients.get(node)
         if client is None:
             host, port = self.cfg.address(node)
+            local = self.cfg.shared_memory and _is_local(host)
             try:
                 client = FeedClient(node, host, port, self.cfg.key, self.cfg.feed_timeout)
-                client.begin(self.cfg.feed_id, self.cfg.qname, self.partition, self.train, self.cfg.uneven,
-                             len(self.cfg.feed_nodes))
-            except (OSError, ProtocolError) as e:
+                offer = client.begin(self.cfg.feed_id, self.cfg.qname, self.partition, self.train, self.cfg.uneven,
+                                     len(self.cfg.feed_nodes), local=local,
+                                     mapped=ring.mapped_tokens() if local else ())
+            except (OSError, ProtocolError, RequestRefused) as e:
                 raise _SendFailed(node, f"cannot feed node {node} at {host}:{port}: {e}") from None
             self.clients[node] = client
             self.rows[node] = 0
+            if offer is not None:
+                self._map_ring(node, offer)
         return client
+
+    def _map_ring(self, node: int, offer: M.FeedRing) -> None:
+        """Write this connection's chunks into the ring node ``node`` lent, if it can be mapped;
+        the log says which path the chunks take (once per path and worker)."""
+        why = offer.why
+        if offer.pid:
+            try:
+                self.rings[node] = ring.RingWriter(offer)
+                _log_path(f"node {node}'s shared-memory ring")
+                return
+            except (OSError, ProtocolError) as e:
+                why = f"its ring cannot be mapped here: {e}"
+        _log_path(f"the channel to node {node} ({why})")
 
     def drop(self, node: int) -> None:
         self.safe_sent.pop(node, None)
+        writer = self.rings.pop(node, None)
+        if writer is not None:
+            writer.forget()
         client = self.clients.pop(node, None)
         if client is not None:
             client.close()
@@ -161,7 +183,12 @@ class _Sender:
                 self.safe_sent[node] = safe
             if at is not None:
                 client.send_at(*at)
-            client.send_batch(arrow.ipc_parts(batch))
+            parts = arrow.ipc_parts(batch)
+            placed = self.rings[node].put(parts) if node in self.rings else None
+            if placed is not None:
+                client.send_shm(*placed)
+            else:
+                client.send_batch(parts)
         except socket.timeout:
             raise FeedTimeoutError(
                 f"node {node} accepted no data for {self.cfg.feed_timeout:.0f}s while feeding partition "
@@ -212,8 +239,27 @@ class _Sender:
                                 f"of partition {self.partition}")
 
     def close(self) -> None:
+        for writer in self.rings.values():
+            writer.close()
         for client in self.clients.values():
             client.close()
+
+
+_local_hosts: dict[str, bool] = {}
+_paths_logged: set[str] = set()
+
+
+def _is_local(host: str) -> bool:
+    """Whether the TF process at ``host`` runs on this host (remembered per worker)."""
+    if host not in _local_hosts:
+        _local_hosts[host] = ring.is_local(host)
+    return _local_hosts[host]
+
+
+def _log_path(path: str) -> None:
+    if path not in _paths_logged:
+        _paths_logged.add(path)
+        logger.info("tfos feed: this worker sends chunks through %s", path)
 
 
 def _send_pieces(sender: _Sender, driver: DriverClient, feed_id: str, batch: pa.RecordBatch, pieces,

@@ -23,6 +23,7 @@ from tfos.wire import messages as M
 from tfos.wire.channel import KIND_ARROW, Channel
 from tfos.wire.clients import FeedClient
 from tfos.wire.listener import Listener
+from tfos.wire.ring import KEEP_MAPPINGS as KEEP_MAPPED, Ring, RingPool
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +234,10 @@ class FeedHub:
         self.send_error: BaseException | None = None  # the first levelling send that failed
         # rows handed to main_fun per resumable train feed (tfos.data.positions), for ctx.checkpoint_saved
         self._consumed: collections.OrderedDict = collections.OrderedDict()
+        self.rings = RingPool()  # same-host feeding tasks write their chunks into these (wire.ring)
+        self._paths_logged: set[str] = set()
+        self.shm_chunks = 0  # chunks received through a ring
+        self.channel_chunks = 0  # chunks received as data frames on the channel
         self._listener = Listener(key, self._serve, "feed-hub")
         self.port = self._listener.port
 
@@ -320,6 +325,7 @@ class FeedHub:
             thread.join(deadline.remaining())
         self._stop.set()
         self._listener.close()
+        self.rings.close()
 
     def _serve(self, ch: Channel) -> None:
         first = ch.recv()
@@ -338,17 +344,47 @@ class FeedHub:
             self.queue(msg.qname).put(End(msg.feed_id, msg.rows, msg.totals, msg.uneven, msg.level), self._stop)
         ch.send(M.FeedAck(msg.rows))
 
+    def _lend_ring(self, ch: Channel, begin: M.FeedBegin) -> Ring | None:
+        """Answer a local sender's ``FeedBegin``: a ring of :attr:`rings`, or why none (the log says
+        which path this hub's feeds take, once per path)."""
+        if not begin.local:
+            return None
+        ring, why = self.rings.take(begin.mapped[:KEEP_MAPPED])
+        ch.send(ring.offer() if ring is not None else M.FeedRing(why=why))
+        path = "shared memory" if ring is not None else f"the channel ({why})"
+        if path not in self._paths_logged:
+            self._paths_logged.add(path)
+            logger.info("tfos feed hub: a feeding task on this host sends its chunks through %s", path)
+        return ring
+
     def _on_feed(self, ch: Channel, begin: M.FeedBegin) -> None:
+        ring = self._lend_ring(ch, begin)
+        clean = False
+        try:
+            self._receive(ch, begin, ring)
+            clean = True
+        finally:
+            if ring is not None:
+                self.rings.give(ring, clean)
+
+    def _receive(self, ch: Channel, begin: M.FeedBegin, ring: Ring | None) -> None:
         q = self.queue(begin.qname)
         origin = Origin(ch, begin.train, begin.uneven, begin.ranks)
         rows, at = 0, None
         while True:
             kind, value = ch.recv_frame()
-            if kind == KIND_ARROW:
-                batch = arrow.from_ipc(value)
+            if kind == KIND_ARROW or isinstance(value, M.FeedShm):
+                if kind == KIND_ARROW:
+                    batch, nbytes = arrow.from_ipc(value), len(value)
+                    self.channel_chunks += 1
+                elif ring is None:
+                    raise ProtocolError("FeedShm on a connection that was lent no ring")
+                else:
+                    batch, nbytes = ring.read(value), value.length
+                    self.shm_chunks += 1
                 q.check_schema(begin.feed_id, batch.schema, f"partition {begin.partition}, row {rows}")
                 rows += batch.num_rows
-                self.bytes_received += len(value)
+                self.bytes_received += nbytes
                 if batch.num_rows:
                     q.put(Data(batch, origin, begin.feed_id, at), self._stop,
                           levelled=begin.train and begin.partition == LEVELLING)

@@ -95,7 +95,10 @@ class _Lease:
         self.ring, self.slot, self.seq = ring, slot, seq
 
     def __del__(self):
-        self.ring._free(self.slot, self.seq)
+        try:
+            self.ring._free(self.slot, self.seq)
+        except (ValueError, TypeError, AttributeError):  # the interpreter is ending: nothing to tell
+            pass
 
 
 class Ring:

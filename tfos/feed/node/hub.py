@@ -350,7 +350,12 @@ class FeedHub:
         if not begin.local:
             return None
         ring, why = self.rings.take(begin.mapped[:KEEP_MAPPED])
-        ch.send(ring.offer() if ring is not None else M.FeedRing(why=why))
+        try:
+            ch.send(ring.offer() if ring is not None else M.FeedRing(why=why))
+        except BaseException:
+            if ring is not None:
+                self.rings.give(ring, clean=False)
+            raise
         path = "shared memory" if ring is not None else f"the channel ({why})"
         if path not in self._paths_logged:
             self._paths_logged.add(path)

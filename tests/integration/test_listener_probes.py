@@ -208,10 +208,11 @@ def test_schema_drift_between_partitions_is_refused_by_the_hub_naming_partition_
 
 
 def test_schema_drift_within_a_partition_is_a_feed_error_in_the_task():
-    from tfos.feed.executor.producer import _Sender, rows_to_chunks
+    from tfos.feed.executor.producer import rows_to_chunks
+    from tfos.feed.executor.sender import Sender
 
     cfg = M.FeedConfig("c", C.new_key(), "127.0.0.1", 1, "f", "input", 5.0, (0,), ((0, "127.0.0.1", 1),), 4)
-    sender = _Sender(cfg, 3, train=True)
+    sender = Sender(cfg, 3, train=True)
     chunks = list(rows_to_chunks([(1, [0.0] * 4)] * 4 + [(1, [0.0] * 2)] * 4, 3, 4))
     sender.check(chunks[0])
     sender.rows_checked = 4

@@ -494,11 +494,11 @@ def test_the_safe_count_comes_with_the_data_so_readers_rarely_ask_the_driver(pat
 
 def test_a_node_hears_the_safe_count_when_another_node_is_sent_the_chunk_that_raises_it(path):
     from tfos.wire import arrow
-    from tfos.feed.executor.producer import _Sender
+    from tfos.feed.executor.sender import Sender
 
     cfg = M.FeedConfig("c", path.key, "127.0.0.1", path.service.port, "f9", "input", 30.0, (0, 1),
                        tuple((i, "127.0.0.1", h.port) for i, h in enumerate(path.hubs)), None, "drop")
-    sender = _Sender(cfg, 0, train=True)
+    sender = Sender(cfg, 0, train=True)
     chunk = arrow.rows_to_batch([(k, float(k)) for k in range(100)])
     try:
         sender.send(0, chunk, safe=0)  # node 0 is ahead: nothing of it is safe yet

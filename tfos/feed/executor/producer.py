@@ -4,7 +4,8 @@ Each task converts its partition to Arrow record batches and streams them over a
 TCP channels to the TF processes' feed hubs. In training, the driver assigns each chunk to the
 node that has received the fewest rows so far (balanced shares whatever the partition sizes);
 in inference a partition goes to one node and its results come back in order on the same
-channel.
+channel. :mod:`tfos.feed.executor.sender` holds a partition's connections (and, for a node on this
+host, its shared-memory ring).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import threading
 import pyarrow as pa
 
 from tfos.data import positions
-from tfos.errors import ChannelClosed, FeedError, FeedTimeoutError, ProtocolError, RequestRefused, TFOSError
+from tfos.errors import FeedError, FeedTimeoutError, ProtocolError, RequestRefused, TFOSError
 from tfos.wire import arrow
 from tfos.wire import messages as M
-from tfos.wire import ring
 from tfos.feed.executor.credentials import closure_config, task_config
-from tfos.wire.clients import DriverClient, FeedClient
+from tfos.feed.executor.sender import SendFailed, Sender
+from tfos.wire.clients import DriverClient
 
 logger = logging.getLogger(__name__)
 
@@ -100,169 +101,7 @@ def _guard_retry(what: str) -> None:
                         "driver's log, and in the stderr of the executor that ran it (Spark's UI links it)")
 
 
-class _SendFailed(FeedError):
-    def __init__(self, node: int, message: str):
-        super().__init__(message)
-        self.node = node
-
-
-class _Sender:
-    """One partition's connections to the nodes it feeds, with per-node row counts."""
-
-    def __init__(self, cfg: M.FeedConfig, partition: int, train: bool):
-        self.cfg = cfg
-        self.partition = partition
-        self.train = train
-        self.clients: dict[int, FeedClient] = {}
-        self.rows: dict[int, int] = {}
-        self.schema: pa.Schema | None = None
-        self.rows_checked = 0
-        # a gated train feed (equal steps): each node hears the driver's safe count with its data
-        self.gated = train and bool(cfg.uneven) and len(cfg.feed_nodes) > 1
-        self.safe_sent: dict[int, int] = {}
-        self.rings: dict[int, ring.RingWriter] = {}  # nodes on this host that lent a shared-memory ring
-
-    def client(self, node: int) -> FeedClient:
-        client = self.clients.get(node)
-        if client is None:
-            host, port = self.cfg.address(node)
-            local = self.cfg.shared_memory and _is_local(host)
-            try:
-                client = FeedClient(node, host, port, self.cfg.key, self.cfg.feed_timeout)
-                offer = client.begin(self.cfg.feed_id, self.cfg.qname, self.partition, self.train, self.cfg.uneven,
-                                     len(self.cfg.feed_nodes), local=local,
-                                     mapped=ring.mapped_tokens() if local else ())
-            except (OSError, ProtocolError, RequestRefused) as e:
-                raise _SendFailed(node, f"cannot feed node {node} at {host}:{port}: {e}") from None
-            self.clients[node] = client
-            self.rows[node] = 0
-            if offer is not None:
-                self._map_ring(node, offer)
-        return client
-
-    def _map_ring(self, node: int, offer: M.FeedRing) -> None:
-        """Write this connection's chunks into the ring node ``node`` lent, if it can be mapped;
-        the log says which path the chunks take (once per path and worker)."""
-        why = offer.why
-        if offer.pid:
-            try:
-                self.rings[node] = ring.RingWriter(offer)
-                _log_path(f"node {node}'s shared-memory ring")
-                return
-            except (OSError, ProtocolError) as e:
-                why = f"its ring cannot be mapped here: {e}"
-        _log_path(f"the channel to node {node} ({why})")
-
-    def drop(self, node: int) -> None:
-        self.safe_sent.pop(node, None)
-        writer = self.rings.pop(node, None)
-        if writer is not None:
-            writer.forget()
-        client = self.clients.pop(node, None)
-        if client is not None:
-            client.close()
-
-    def check(self, batch: pa.RecordBatch) -> None:
-        """FeedError naming the partition, row and column when this partition's rows change shape."""
-        if self.schema is None:
-            self.schema = batch.schema
-            return
-        drift = arrow.schema_drift(self.schema, batch.schema)
-        if drift:
-            raise FeedError(f"partition {self.partition}, row {self.rows_checked}: {drift}")
-
-    def send(self, node: int, batch: pa.RecordBatch, safe: int = 0, at: tuple | None = None) -> None:
-        """One piece to ``node``; in a gated feed, preceded by the driver's ``safe`` count when it
-        rose since this connection last carried it (the node's reader then need not ask); in a
-        resumable feed, by where its rows come from (``at``: epoch, partition, offset)."""
-        self.check(batch)
-        client = self.client(node)
-        try:
-            if self.gated and safe > self.safe_sent.get(node, 0):
-                client.send_safe(safe)
-                self.safe_sent[node] = safe
-            if at is not None:
-                client.send_at(*at)
-            parts = arrow.ipc_parts(batch)
-            placed = self.rings[node].put(parts) if node in self.rings else None
-            if placed is not None:
-                client.send_shm(*placed)
-            else:
-                client.send_batch(parts)
-        except socket.timeout:
-            raise FeedTimeoutError(
-                f"node {node} accepted no data for {self.cfg.feed_timeout:.0f}s while feeding partition "
-                f"{self.partition} (raise feed_timeout, or check that main_fun keeps reading its feed)") from None
-        except (OSError, ChannelClosed) as e:
-            refused = client.refusal()
-            if refused:  # the hub said why it closed the feed (e.g. this partition's columns drift)
-                raise FeedError(refused) from None
-            raise _SendFailed(node, f"feeding partition {self.partition} to node {node} failed: {e} (the node's "
-                                    "TF process may have died; the driver reports its log)") from None
-        self.rows[node] += batch.num_rows
-        self.rows_checked += batch.num_rows
-
-    def announce(self, safe: int) -> None:
-        """The driver's ``safe`` count to every node this partition feeds that has not heard it: a
-        node learns that its rows are readable when another node is sent the chunk that makes
-        them so. Only to a connection that takes it without blocking (news is an optimisation: a
-        node without it asks the driver); one that fails here is left to the next send or
-        ``finish`` to report."""
-        if not self.gated:
-            return
-        for node, client in self.clients.items():
-            if safe > self.safe_sent.get(node, 0) and client.writable():
-                try:
-                    client.send_safe(safe)
-                except (OSError, ChannelClosed):
-                    continue
-                self.safe_sent[node] = safe
-
-    def finish(self, finished_reading=lambda node: False) -> None:
-        for node, client in self.clients.items():
-            try:
-                client.end_partition(self.rows[node])
-                ack = client.next_reply()
-            except socket.timeout:
-                raise FeedTimeoutError(f"node {node} did not confirm partition {self.partition} within "
-                                       f"{self.cfg.feed_timeout:.0f}s (raise feed_timeout)") from None
-            except RequestRefused as e:
-                raise FeedError(str(e)) from None
-            except (OSError, ProtocolError) as e:
-                if finished_reading(node):
-                    continue
-                raise FeedError(f"node {node} dropped the feed of partition {self.partition}: {e}") from None
-            if isinstance(ack, M.FeedAck) and ack.terminated:
-                continue
-            if not isinstance(ack, M.FeedAck) or ack.rows != self.rows[node]:
-                raise FeedError(f"node {node} acknowledged {getattr(ack, 'rows', ack)} of {self.rows[node]} rows "
-                                f"of partition {self.partition}")
-
-    def close(self) -> None:
-        for writer in self.rings.values():
-            writer.close()
-        for client in self.clients.values():
-            client.close()
-
-
-_local_hosts: dict[str, bool] = {}
-_paths_logged: set[str] = set()
-
-
-def _is_local(host: str) -> bool:
-    """Whether the TF process at ``host`` runs on this host (remembered per worker)."""
-    if host not in _local_hosts:
-        _local_hosts[host] = ring.is_local(host)
-    return _local_hosts[host]
-
-
-def _log_path(path: str) -> None:
-    if path not in _paths_logged:
-        _paths_logged.add(path)
-        logger.info("tfos feed: this worker sends chunks through %s", path)
-
-
-def _send_pieces(sender: _Sender, driver: DriverClient, feed_id: str, batch: pa.RecordBatch, pieces,
+def _send_pieces(sender: Sender, driver: DriverClient, feed_id: str, batch: pa.RecordBatch, pieces,
                  safe: int = 0, at: tuple | None = None) -> bool:
     """Send a chunk in the pieces the driver chose, in order (with the feed's ``safe`` count as of
     that assignment, and where the chunk's rows come from: ``at``); a piece whose node finished
@@ -274,7 +113,7 @@ def _send_pieces(sender: _Sender, driver: DriverClient, feed_id: str, batch: pa.
         try:
             sender.send(node, batch if rows == batch.num_rows else batch.slice(offset, rows), safe,
                         None if at is None else (at[0], at[1], at[2] + offset))
-        except _SendFailed as e:  # fine if that node ended its feed; else the driver says why
+        except SendFailed as e:  # fine if that node ended its feed; else the driver says why
             sender.drop(e.node)
             try:
                 again, safe = driver.place_chunk(feed_id, rows, e.node)
@@ -308,7 +147,7 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool, epoch: int = -1, ski
         chunks = arrow_to_chunks(iterator, cfg.chunk_rows) if arrow_input else \
             rows_to_chunks(iterator, partition, cfg.chunk_rows)
         chunks = Positioned(chunks, (skip or {}).get(partition, ()))
-        sender = _Sender(cfg, partition, train=True)
+        sender = Sender(cfg, partition, train=True)
         driver = DriverClient.for_feed(cfg)
         stopped = False
 
@@ -392,10 +231,10 @@ def _infer(cfg: M.FeedConfig, partition: int, chunks):
     """Stream one partition to its node and yield the result batches, in input order."""
     node = cfg.feed_nodes[partition % len(cfg.feed_nodes)]
     _inference_retry_check(cfg, partition, node)
-    sender = _Sender(cfg, partition, train=False)
+    sender = Sender(cfg, partition, train=False)
     try:
         client = sender.client(node)
-    except _SendFailed as e:
+    except SendFailed as e:
         raise FeedError(f"{e}. " + _node_failure(cfg, node)) from None
     errors: list[BaseException] = []
 

@@ -14,11 +14,14 @@ JVMs) serves four tests. Each phase's outcome (``{"error": null}`` or its traceb
    the test deletes the worker's pod after 60 steps, so its node is evicted through the pod's
    preStop hook, the cluster goes on and grows back once Spark replaces the pod. What happened:
    EVICT/driver.json.
-3. **an OOM-killed node** (OOM): node 0's TF process touches more memory than its executor pod's
+3. **a feed in the pods** (FEED): 4,000 rows in 50-row chunks from 8 partitions into 2 nodes'
+   ``batches()``; each node writes how many chunks came through its shared-memory rings (from
+   feeding tasks in its own pod) and how many on the channel (from the other pod): FEED/paths-<rank>.json.
+4. **an OOM-killed node** (OOM): node 0's TF process touches more memory than its executor pod's
    limit (spark.executor.memory + spark.executor.memoryOverhead), so the kernel's OOM killer ends
    it; the error the driver raised: OOM/error.txt.
 
-    spark-submit ... client_job.py HOLD DIGITS EVICT OOM CONTROL_PORT EVICT_STEPS
+    spark-submit ... client_job.py HOLD DIGITS EVICT FEED OOM CONTROL_PORT EVICT_STEPS
 """
 
 import json
@@ -142,6 +145,32 @@ def evict_phase(spark, out, steps):
                        "attempt": cluster.attempt}, f)
 
 
+FEED_ROWS = 4000
+
+
+def count_paths(out_dir, ctx):
+    """One feed read whole; the rows and how the chunks came (wire.ring: a ring within the pod)."""
+    feed = ctx.get_data_feed(train_mode=True)
+    rows = sum(len(ids) for ids, _vec in feed.batches(64))
+    with open(os.path.join(out_dir, f"paths-{ctx.rank}.json"), "w") as f:
+        json.dump({"rows": rows, "shm": feed.hub.shm_chunks, "channel": feed.hub.channel_chunks}, f)
+
+
+def feed_phase(spark, out):
+    from tfos import InputMode, TFCluster
+
+    sc = spark.sparkContext
+    cluster = TFCluster.run(sc, count_paths, out, 2, 0, input_mode=InputMode.SPARK, master_node="chief",
+                            preimport_tensorflow=False)  # batches() needs no TensorFlow
+    try:
+        rdd = sc.parallelize(range(FEED_ROWS), 8).map(lambda i: (i, [float(i)] * 8))
+        fed = cluster.train(rdd, num_epochs=1, chunk_rows=50, uneven=None)
+    finally:
+        cluster.shutdown(timeout=300)
+    if fed != FEED_ROWS:
+        raise AssertionError(f"fed {fed} of {FEED_ROWS} rows")
+
+
 def oom_phase(spark, out):
     from tfos import InputMode, TFCluster
 
@@ -176,10 +205,11 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for module in (digits_tf, restart_programs):  # the image has tfos and its examples' copy, not these modules
         cloudpickle.register_pickle_by_value(module)
-    hold_dir, digits_dir, evict_dir, oom_dir, control_port, steps = sys.argv[1:7]
+    hold_dir, digits_dir, evict_dir, feed_dir, oom_dir, control_port, steps = sys.argv[1:8]
     spark = SparkSession.builder.appName("tfos-client").getOrCreate()
     ok = [phase([hold_dir, digits_dir], digits_phase, spark, hold_dir, digits_dir, int(control_port)),
           phase([evict_dir], evict_phase, spark, evict_dir, int(steps)),
+          phase([feed_dir], feed_phase, spark, feed_dir),
           phase([oom_dir], oom_phase, spark, oom_dir)]
     spark.stop()
     sys.exit(0 if all(ok) else 1)

@@ -7,12 +7,13 @@ manager and a kubelet running containers through containerd and runc, with the i
 * an outsider pod (another uid, no secret, same namespace) gets nothing from a running job: TF's
   gRPC, the tunnels, the driver's control service, a scan of the executor pods' ports;
 * an executor pod deleted mid-training loses no step, and the cluster grows back;
+* a feed's chunks come through shared memory within a pod and on the channel between pods;
 * an OOM-killed TF process's error names the pod's memory limit and the setting to raise.
 
 A submission's start (a driver JVM, executor pods, their JVMs) is most of what a job costs here, so
 two submissions serve every test but the first (the ``apps`` fixture): one client-mode application
 (client_job.py) runs, on the same two executor pods, digits behind the outsider's target, then the
-pod-deletion training, then the OOM; the cluster-mode digits (the example as the image holds it)
+pod-deletion training, then a feed, then the OOM; the cluster-mode digits (the example as the image holds it)
 starts once the pod-deletion training has grown back, beside what is left of the first (steps to
 the end and the OOM, which no clock decides). Each test checks its part of what they did.
 """
@@ -171,13 +172,14 @@ def finish(app, name, proc, timeout):
 def apps(k8s):
     """Both applications, run once (module docstring): what each test reads."""
     app = types.SimpleNamespace(
-        dirs={n: fresh_dir(k8s, n) for n in ("hold", "digits-client", "evict", "oom", "digits-cluster")},
+        dirs={n: fresh_dir(k8s, n) for n in ("hold", "digits-client", "evict", "feed", "oom", "digits-cluster")},
         log=k8s.logs / "spark-submit-client.log", cluster_log=k8s.logs / "spark-submit-cluster.log",
         errors={}, running_at_reports=None, nodes=None, executor_pods=None, targets=None, outsider=None,
         returncode=None, cluster_returncode=None)
     d = app.dirs
     proc = k8s_spark.spark_submit(k8s, "client", str(HERE / "client_job.py"),
-                                  [d["hold"], d["digits-client"], d["evict"], d["oom"], CONTROL_PORT, EVICT_STEPS],
+                                  [d["hold"], d["digits-client"], d["evict"], d["feed"], d["oom"], CONTROL_PORT,
+                                   EVICT_STEPS],
                                   background=True, log=app.log)
     cluster = None
     try:
@@ -325,6 +327,19 @@ def test_an_executor_pod_deleted_mid_training_loses_no_step_and_the_cluster_grow
     assert [1, 2] in [r[:2] for r in driver["resizes"]] and len(driver["roles"]) == 2, driver  # grown back
     ranks = [json.loads((out / f"attempt-rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["steps"] == EVICT_STEPS for r in ranks) and ranks[0]["weights"] == ranks[1]["weights"], ranks
+
+
+@pytest.mark.timeout(APPS_TIMEOUT)
+def test_a_feed_comes_through_shared_memory_within_a_pod_and_the_channel_between_pods(apps):
+    """Under "restricted" (no capability, seccomp RuntimeDefault, uid 185) a feeding task maps the
+    ring its own pod's TF process lends it (memfd_create, /proc/<pid>/fd: same user, same
+    container) and sends the other pod's node its chunks on the encrypted channel; every row
+    arrives once."""
+    phase_ended_cleanly(apps, "feed")
+    nodes = [json.loads((apps.dirs["feed"] / f"paths-{r}.json").read_text()) for r in (0, 1)]
+    assert sum(n["rows"] for n in nodes) == 4000, nodes
+    for n in nodes:
+        assert n["shm"] >= 1 and n["channel"] >= 1, nodes
 
 
 @pytest.mark.timeout(APPS_TIMEOUT)

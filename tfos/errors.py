@@ -80,6 +80,13 @@ class CollectiveError(TFOSError):
 COLLECTIVE_ERROR = "CollectiveError: "
 
 
+def collective_error(message: str) -> CollectiveError | None:
+    """The :class:`CollectiveError` that a TF error's ``message`` carries (the text after
+    :data:`COLLECTIVE_ERROR`), or None when it carries none."""
+    at = message.find(COLLECTIVE_ERROR)
+    return None if at < 0 else CollectiveError(message[at + len(COLLECTIVE_ERROR):])
+
+
 class UnevenDataError(FeedError, NonRetryable):
     """The ranks got unequal data and ``uneven='error'`` was chosen: raised on every rank at the
     same step (so none waits in a collective for another), naming each rank's rows and steps.

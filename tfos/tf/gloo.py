@@ -38,7 +38,7 @@ import datetime
 import importlib.util
 import logging
 
-from tfos.errors import COLLECTIVE_ERROR, CollectiveError
+from tfos.errors import COLLECTIVE_ERROR, CollectiveError, collective_error
 
 logger = logging.getLogger(__name__)
 
@@ -213,9 +213,7 @@ class Group(Compressing):
                                                      f"is {self.timeout_seconds:g} s, {self.timeout_setting})",
                                              max_pieces=max_pieces(self.size), piece_bytes=PIECE_BYTES)
             except tf.errors.OpError as e:  # eagerly: the caller gets tfos's error at once
-                text = e.message
-                raise CollectiveError(text[text.find(COLLECTIVE_ERROR) + len(COLLECTIVE_ERROR):]
-                                      if COLLECTIVE_ERROR in text else text) from None
+                raise (collective_error(e.message) or CollectiveError(e.message)) from None
         else:
             ys = tf.py_function(lambda *ts: self._all_reduce_eager(ts, owns, average), xs, [x.dtype for x in xs])
         out = []

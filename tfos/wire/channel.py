@@ -46,8 +46,8 @@ _HEADER = struct.Struct(">cI")
 _FIRST_CHUNK = 1 << 20  # receive buffers start at 1 MiB and double as bytes arrive
 _FIRST_DATA_CHUNK = 17 << 20  # data frames: a feed chunk (~16 MiB, feed.executor.producer) and its metadata fit
 _IOV_MAX = 64  # buffers per sendmsg call (Linux allows 1024)
-_ALIGN = 64  # data frame bodies land at this alignment (TF's allocator alignment)
-_IPC_CONTINUATION = 0xFFFFFFFF
+ALIGN = 64  # data frame bodies (and ring slots' batch bodies, wire.ring) land at this alignment (TF's allocator's)
+IPC_CONTINUATION = 0xFFFFFFFF  # an Arrow IPC message prefix starts with it
 _SMALL = 64 << 10  # encrypted sends: parts below this are joined into one record, larger ones sealed in place
 # Encrypted sends: plaintext bytes per record (receivers take up to MAX_RECORD), and how many bytes of
 # sealed records are staged per system call: small enough to stay in the CPU's cache from the seal to
@@ -351,7 +351,7 @@ class Channel:
                 return head, False
             head += self._recv_exact(8)
             marker, length = struct.unpack_from("<Ii", head, len(head) - 8)
-            if marker != _IPC_CONTINUATION or length < 0 or len(head) + length > n:
+            if marker != IPC_CONTINUATION or length < 0 or len(head) + length > n:
                 return head, False
             head += self._recv_exact(length)
         return head, True
@@ -368,7 +368,7 @@ class Channel:
 
         pool = pa.system_memory_pool()  # its allocations are 64-byte aligned too
         head, found = self._ipc_head(n)
-        shift = -len(head) % _ALIGN if found else 0  # else the frame itself starts aligned
+        shift = -len(head) % ALIGN if found else 0  # else the frame itself starts aligned
         buf = pa.allocate_buffer(shift + min(n, max(_FIRST_DATA_CHUNK, len(head))) + _ROOM, memory_pool=pool)
         with memoryview(buf) as view, view.cast("B") as raw:
             raw[shift:shift + len(head)] = head

@@ -38,9 +38,13 @@ import struct
 import threading
 import time
 
+import pyarrow as pa
+
 from tfos.errors import ProtocolError
 from tfos.host.deadline import Deadline
+from tfos.wire import arrow
 from tfos.wire import messages as M
+from tfos.wire.channel import ALIGN, IPC_CONTINUATION
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +64,6 @@ SLOT_BYTES = 17 << 20
 MAX_RINGS = 8
 #: how long a writer looks for a free slot before it sends the chunk over the channel
 SLOT_WAIT = 0.25
-_ALIGN = 64  # a record batch's body starts 64-byte aligned in its slot (TensorFlow aliases such arrays)
-_IPC_CONTINUATION = 0xFFFFFFFF
 
 
 def _words(slot: int) -> int:
@@ -78,7 +80,7 @@ def ipc_head_length(first) -> int:
         if at + 8 > len(view):
             return 0
         marker, length = struct.unpack_from("<Ii", view, at)
-        if marker != _IPC_CONTINUATION or length < 0 or at + 8 + length > len(view):
+        if marker != IPC_CONTINUATION or length < 0 or at + 8 + length > len(view):
             return 0
         at += 8 + length
     return at
@@ -124,7 +126,6 @@ class Ring:
         struct.pack_into("<IIQ", self.mm, 24, slots, 0, slot_bytes)
         self.seq = [0] * slots  # the last sequence number the reader accepted per slot
         self.held: set[int] = set()
-        self.clean = True  # every connection it was lent to ended cleanly
 
     def offer(self) -> M.FeedRing:
         return M.FeedRing(os.getpid(), self.fd, self.token.hex(), self.slots, self.slot_bytes)
@@ -133,8 +134,6 @@ class Ring:
         """The record batch that ``msg`` says was written, built on the slot's memory (no copy).
         ProtocolError, and nothing changed, for a slot out of range, held, out of sequence, not
         marked filled, or bounds outside it; the stream's own checks are :func:`arrow.from_ipc`'s."""
-        from tfos.wire import arrow
-
         slot, seq = msg.slot, msg.seq
         if not 0 <= slot < self.slots:
             raise ProtocolError(f"FeedShm: slot {slot} of a ring of {self.slots}")
@@ -145,8 +144,6 @@ class Ring:
             raise ProtocolError(f"FeedShm: slot {slot} is marked {filled}, not {seq}")
         if msg.offset < 0 or msg.length <= 0 or msg.offset + msg.length > self.slot_bytes:
             raise ProtocolError(f"FeedShm: {msg.length} bytes at {msg.offset} outside a slot of {self.slot_bytes}")
-        import pyarrow as pa
-
         self.seq[slot] = seq
         self.held.add(slot)
         start = self.address + HEADER + slot * self.slot_bytes + msg.offset
@@ -181,7 +178,6 @@ class RingPool:
         self._lent = 0
         self._lock = threading.Lock()
         self._closed = False
-        self.failure = ""  # why the last ring could not be made (then the channel carries the data)
 
     def take(self, mapped=()) -> tuple[Ring | None, str]:
         """A ring for one connection, or None and why not: one whose token is in ``mapped`` (the
@@ -192,6 +188,7 @@ class RingPool:
                 return None, "the feed hub is closing"
             if self._lent >= self.max_rings:
                 return None, f"all {self.max_rings} rings are lent"
+            mapped = mapped[:KEEP_MAPPINGS]  # a sender maps no more than that many
             ring = next((r for r in self._idle if r.token.hex() in mapped), None)
             if ring is not None:
                 self._idle.remove(ring)
@@ -204,8 +201,7 @@ class RingPool:
             except (OSError, ValueError, AttributeError) as e:  # AttributeError: no memfd_create here
                 with self._lock:
                     self._lent -= 1
-                self.failure = f"no shared memory ring: {e}"
-                return None, self.failure
+                return None, f"no shared memory ring: {e}"
         return ring, ""
 
     def give(self, ring: Ring, clean: bool) -> None:
@@ -267,7 +263,7 @@ class RingWriter:
         slot, its body 64-byte aligned: ``(slot, seq, offset, length)`` to send as ``FeedShm``;
         None when it does not fit a slot or no slot came free within ``wait`` seconds."""
         n = sum(memoryview(p).nbytes for p in parts)
-        offset = -ipc_head_length(parts[0]) % _ALIGN
+        offset = -ipc_head_length(parts[0]) % ALIGN
         if offset + n > self.slot_bytes:
             return None
         slot = self._free_slot(wait)

@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 
-from tfos.errors import COLLECTIVE_ERROR, CollectiveError, TFOSError, TFOSTimeoutError
+from tfos.errors import CollectiveError, TFOSError, TFOSTimeoutError, collective_error
 from tfos.data import tfhdfs
 from tfos.host import claims
 from tfos.cluster.node import control, staging
@@ -71,8 +71,9 @@ def run_main(hooks, main_fun, args, ctx):
         return hooks.run(main_fun, args, ctx)
     except Exception as e:
         message = getattr(e, "message", None)
-        if isinstance(message, str) and COLLECTIVE_ERROR in message and not isinstance(e, CollectiveError):
-            raise CollectiveError(message[message.index(COLLECTIVE_ERROR) + len(COLLECTIVE_ERROR):]) from e
+        carried = collective_error(message) if isinstance(message, str) else None
+        if carried is not None and not isinstance(e, CollectiveError):
+            raise carried from e
         raise
 
 

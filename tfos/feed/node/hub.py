@@ -23,7 +23,7 @@ from tfos.wire import messages as M
 from tfos.wire.channel import KIND_ARROW, Channel
 from tfos.wire.clients import FeedClient
 from tfos.wire.listener import Listener
-from tfos.wire.ring import KEEP_MAPPINGS as KEEP_MAPPED, Ring, RingPool
+from tfos.wire.ring import Ring, RingPool
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +349,7 @@ class FeedHub:
         which path this hub's feeds take, once per path)."""
         if not begin.local:
             return None
-        ring, why = self.rings.take(begin.mapped[:KEEP_MAPPED])
+        ring, why = self.rings.take(begin.mapped)
         try:
             ch.send(ring.offer() if ring is not None else M.FeedRing(why=why))
         except BaseException:

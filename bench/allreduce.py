@@ -75,16 +75,6 @@ def tf_process_env() -> dict:
     return memory_environment(os.environ)
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()  # bench only: the workers bind these right away
-    return ports
-
-
 # ------------------------------------------------------------------ workers
 def timed(fn, size: int, rounds: int = 3) -> float:
     """Seconds per call of fn: the median of ``rounds`` rounds of :func:`iterations` calls, after 2
@@ -270,6 +260,9 @@ def worker_hvd(sizes) -> dict:
 
 
 def run_ranks(mode: str, sizes, ranks: int = 2, pack: int = 0, timeout: float = 1800, threads: str = "") -> dict:
+    sys.path.insert(0, ROOT)
+    from tfos.testing.ports import free_ports
+
     ports = free_ports(ranks)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **tf_process_env())
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, "--rank", str(r),

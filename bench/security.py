@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -63,12 +62,6 @@ RANK = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_tunnels(tmp: str, netns: str = "auto"):
     """Two nodes' tunnels as the agent starts them, each told where the other is."""
     from tfos.tunnel import addresses
@@ -103,6 +96,8 @@ def rank_env(tunnel) -> dict:
 
 
 def allreduce(args) -> None:
+    from tfos.testing.ports import free_port
+
     with tempfile.TemporaryDirectory() as tmp:
         _key, tunnels = start_tunnels(tmp)
         try:

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 
 import pytest
 
+from tfos.testing.ports import free_ports
 from tfos.tf import gloo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -222,16 +222,6 @@ class WorkersFailed(AssertionError):
         self.codes, self.logs = codes, logs
 
 
-def _free_ports(n):
-    """Bind n sockets to port 0 and keep them open; the caller closes them right before launch."""
-    socks = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    return socks
-
-
 def _kill_group(proc, grace=5.0):
     """SIGTERM, then SIGKILL: a TF worker may ignore SIGTERM (preemption handler)."""
     if proc.poll() is not None:
@@ -255,13 +245,10 @@ def run_workers(n=2, timeout=RUN_TIMEOUT, extra_args=(), attempts=2, chief=None,
     for attempt in range(attempts):
         tmp = str(workdir) if workdir is not None else tempfile.mkdtemp(prefix="tfos-kd-")
         os.makedirs(tmp, exist_ok=True)
-        socks = _free_ports(n)
-        hosts = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+        hosts = [f"127.0.0.1:{p}" for p in free_ports(n)]
         procs, logs = [], []
         t0 = time.time()
         try:
-            for s in socks:
-                s.close()
             for i in range(n):
                 env = dict(os.environ)
                 if chief:

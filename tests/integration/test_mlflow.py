@@ -1,7 +1,6 @@
 """One MLflow run per cluster, logged by the driver: a local file store and a real tracking server."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 from tfos import TFCluster
+from tfos.testing.ports import free_port
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -74,16 +74,10 @@ def test_one_run_in_a_local_file_store(sc, tmp_path, monkeypatch, tracking):
     assert len(runs) == 1  # one run per training, not one per worker
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
     """``mlflow server`` on 127.0.0.1 with a sqlite store; stopped (and killed) afterwards."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                              "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
                              "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],

@@ -6,7 +6,6 @@ a reducer that dies or stalls fails the workers' all-reduce with CollectiveError
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,22 +14,12 @@ import pytest
 
 from tfos.tf import gloo
 from tfos.testing import wait_for
+from tfos.testing.ports import free_ports
 
 pytestmark = pytest.mark.skipif(not gloo.installed(), reason="PyTorch (tfos[gloo]) is not installed")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROGRAM = os.path.join(ROOT, "tests", "reduction_programs.py")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Group:
@@ -39,7 +28,7 @@ class Group:
     def __init__(self, tmp_path, reducers: int, mode: str, timeout: float = 20.0):
         self.procs: list[subprocess.Popen] = []
         self.outs = [str(tmp_path / f"worker{r}.json") for r in range(2)]
-        ports = _free_ports(2)
+        ports = free_ports(2)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
                    TF_CPP_MIN_LOG_LEVEL="2", TFOS_REDUCERS=str(reducers), RS_TIMEOUT=str(timeout))
         cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}

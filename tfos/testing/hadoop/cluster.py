@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,6 +19,7 @@ from typing import Callable
 from xml.sax.saxutils import escape
 
 from tfos.host.deadline import Deadline
+from tfos.testing.ports import free_port
 from tfos.testing.daemons import alive as _alive, stop_tree, tail as _tail
 from tfos.testing.hadoop import kerberos
 from tfos.testing.hadoop.artifacts import (DATANODE, FS_SHELL, HADOOP_VERSION, HEAPS, JVM_FLAGS, MINIKDC, NAMENODE,
@@ -34,26 +33,6 @@ def _xml(props: dict) -> str:
     body = "".join(f"  <property><name>{escape(k)}</name><value>{escape(str(v))}</value></property>\n"
                    for k, v in props.items())
     return f'<?xml version="1.0"?>\n<configuration>\n{body}</configuration>\n'
-
-
-def free_port(host: str = "127.0.0.1", taken: set | None = None) -> int:
-    """A port that binds now, below the ephemeral range so outgoing connections can't take it."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    taken = set() if taken is None else taken
-    for _ in range(200):
-        port = random.randint(min(15000, low - 1000), low - 1)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        if port not in taken:
-            taken.add(port)
-            return port
-    raise HadoopClusterError(f"found no free port on {host}")
 
 
 def _marker(base_dir) -> str:

@@ -31,14 +31,17 @@ def test_the_marked_feed_is_readable_on_the_wire_clear_and_absent_encrypted(tfos
 
 
 def tf_server_main(done_file, ctx):
-    """An MWMS cluster that stays up, after one all-reduce, until ``done_file`` appears."""
+    """An MWMS cluster that stays up, after one all-reduce, until ``done_file`` appears; reports
+    whether its tunnel took sockets in the other node's namespace (both nodes are on this host)."""
     import time
 
     import tensorflow as tf
 
     strategy = ctx.strategy()
     total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-    ctx.report(total=float(total), up=1)
+    with open(os.path.join(ctx.node_dir, "tunnel.log"), errors="replace") as f:
+        straight = "connections to it go straight into its namespace" in f.read()
+    ctx.report(total=float(total), up=1, straight=straight)
     while not os.path.exists(done_file):
         time.sleep(0.2)
 
@@ -69,8 +72,8 @@ def _job_pids(cluster) -> set[int]:
 
 
 def test_an_outsider_on_this_host_reaches_no_tf_server_of_an_encrypted_cluster(tfos_cluster, tmp_path):
-    """The nodes' TF servers listen only in their private namespaces: the cluster spec's addresses
-    refuse connections, and every port the job's processes listen on here (the tunnels, the driver)
+    """The nodes' TF servers listen only in their private namespaces (on one host each node's TF
+    process connects straight into the other's): the cluster spec's addresses refuse connections, and every port the job's processes listen on here (the tunnels, the driver)
     answers a stranger's bytes with tfos's handshake and nothing more. (Remote eager clients against
     every port, from another host and as another user: tests/multihost/test_outsiders.py.)"""
     from tfos.testing import wait_for
@@ -79,7 +82,9 @@ def test_an_outsider_on_this_host_reaches_no_tf_server_of_an_encrypted_cluster(t
     cluster = tfos_cluster(2, 0, encrypt=True, report_interval=0.2)
     cluster.start(tf_server_main, str(done))
     assert wait_for(lambda: all(m.get("up") for m in cluster.metrics().values()) and len(cluster.metrics()) == 2, 180)
-    assert all(m["total"] == 2.0 for m in cluster.metrics().values())  # the cluster works through its tunnels
+    assert all(m["total"] == 2.0 for m in cluster.metrics().values())  # the cluster works
+    # on one host its nodes' TF processes meet straight in each other's namespaces, not through the tunnels
+    assert any(m["straight"] for m in cluster.metrics().values()), cluster.metrics()
     assert all(n["tunnel_mode"] == "netns" for n in cluster.nodes)
     spec_addresses = [a for addrs in cluster.cluster_spec.values() for a in addrs]
     for address in spec_addresses:  # nothing listens at the TF address on the host

@@ -1,5 +1,7 @@
 """The security decisions of reserve() and the node tunnel's pure parts, from tables."""
 
+import dataclasses
+
 import pytest
 
 from tfos.backends import make_backend
@@ -129,10 +131,15 @@ def test_each_cluster_has_its_block_and_port_and_each_node_its_address():
 
 
 def test_the_peer_table_names_other_nodes_with_tunnels_and_marks_same_host_ones():
-    nodes = [_node(0, "10.0.0.1", "netns"), _node(1, "10.0.0.1", "netns"), _node(2, "10.0.0.2", "netns"),
-             M.NodeInfo(3, "evaluator", 0, "10.0.0.3", 1, 0, 9)]
+    """A same-host node's control socket is passed on (its namespace is reached straight);
+    another host's never is, nor a node without a namespace of its own."""
+    ctl = dataclasses.replace
+    nodes = [ctl(_node(0, "10.0.0.1", "netns"), tunnel_control="/n0/tunnel.sock"), _node(1, "10.0.0.1", "netns"),
+             ctl(_node(2, "10.0.0.2", "netns"), tunnel_control="/n2/tunnel.sock"),
+             M.NodeInfo(3, "evaluator", 0, "10.0.0.3", 1, 0, 9), _node(4, "10.0.0.1", "loopback")]
     assert addresses.peer_table(nodes, 1, "127.77", "10.0.0.1") == [
-        ["127.77.0.1", "10.0.0.1", 4000, True], ["127.77.0.3", "10.0.0.2", 4002, False]]
+        ["127.77.0.1", "10.0.0.1", 4000, True, "/n0/tunnel.sock"], ["127.77.0.3", "10.0.0.2", 4002, False, ""],
+        ["127.77.0.5", "10.0.0.1", 4004, True, ""]]
     private = addresses.in_private_network(nodes, "127.77")
     assert [n.address for n in private[:3]] == ["127.77.0.1:1", "127.77.0.2:1", "127.77.0.3:1"]
 

@@ -50,6 +50,13 @@ def in_private_network(nodes: Sequence, block: str) -> tuple:
 
 def peer_table(nodes: Sequence, me: int, block: str, my_host: str) -> list[list]:
     """What the tunnel needs of the other nodes (NodeInfo): ``[address, tunnel host, tunnel port,
-    local]``, ``local`` when the node runs on this same host. Nodes without a tunnel are left out."""
-    return [[node_address(block, n.node_index), n.host, n.tunnel_port, n.host == my_host]
-            for n in nodes if n.node_index != me and n.tunnel_port]
+    local, control]``, ``local`` when the node runs on this same host, ``control`` then its tunnel's
+    control socket if it has a namespace of its own (the tunnel takes sockets in it there, so the
+    two nodes' connections skip the tunnels), else "". Nodes without a tunnel are left out."""
+    rows = []
+    for n in nodes:
+        if n.node_index != me and n.tunnel_port:
+            local = n.host == my_host
+            rows.append([node_address(block, n.node_index), n.host, n.tunnel_port, local,
+                         n.tunnel_control if local else ""])
+    return rows

@@ -63,6 +63,9 @@ class NodeInfo:
     # "netns": TF and Gloo in a private namespace; "pod": on a Kubernetes pod's own loopback (as
     # private); "loopback": on the host's loopback (other users of the host can connect)
     tunnel_mode: str = ""
+    # "netns" only: its tunnel's control socket, from which another node's tunnel on the same host
+    # takes sockets in this node's namespace (connections between them then skip the tunnels)
+    tunnel_control: str = ""
 
     @property
     def address(self) -> str:

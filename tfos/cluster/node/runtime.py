@@ -96,7 +96,8 @@ def run_node(cfg: M.NodeConfig) -> int:
                       gate_client=lambda: DriverClient.for_node(cfg)).start()
     info = M.NodeInfo(cfg.node_index, cfg.job_name, cfg.task_index, cfg.host,
                       tunnel.tf_port if tunnel else held.getsockname()[1], hub.port if hub else 0, os.getpid(),
-                      tunnel.port if tunnel else 0, tunnel.mode if tunnel else "")
+                      tunnel.port if tunnel else 0, tunnel.mode if tunnel else "",
+                      tunnel.control if tunnel and tunnel.mode == "netns" else "")
     with DriverClient.for_node(cfg).session(timeout=c.reservation_timeout + 60.0) as start:  # one handshake
         start.register(info)
         # a reducer never imports TF (tfos.tf.reduction sums with PyTorch's kernels)

@@ -90,6 +90,10 @@ pub struct Peer {
     pub port: u16,
     /// It runs on this host (in loopback mode its TF server holds `addr` itself).
     pub local: bool,
+    /// A peer on this host in its own namespace: its tunnel's control socket, which hands out
+    /// sockets in that namespace, so that connections to `addr` go straight in, not through
+    /// two tunnels.
+    pub control: Option<PathBuf>,
 }
 
 /// The peer table.
@@ -119,15 +123,22 @@ impl PeerTable {
     }
 }
 
-/// Parse a PEERS table: `[["127.77.0.2", "10.1.2.3", 41234, false], ...]`. Every address must be
-/// in the block; an entry for this node's own address is left out. All or nothing.
+/// The longest control socket path a peer may name (a unix socket address holds 107 bytes).
+pub const MAX_CONTROL_PATH: usize = 107;
+
+/// Parse a PEERS table: `[["127.77.0.2", "10.1.2.3", 41234, false], ...]`, each row optionally
+/// with a fifth entry, a local peer's control socket (an absolute path; "" for none). Every
+/// address must be in the block; an entry for this node's own address is left out. All or nothing.
 pub fn parse_peers(json: &str, block: [u8; 2], self_ip: Ipv4Addr) -> Result<Vec<Peer>, String> {
     let v: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("PEERS: not JSON: {e}"))?;
     let rows = v.as_array().ok_or("PEERS: expected a JSON array")?;
     let mut out = Vec::with_capacity(rows.len());
     for (i, row) in rows.iter().enumerate() {
         let bad = |what: &str| format!("PEERS[{i}]: {what}");
-        let r = row.as_array().filter(|r| r.len() == 4).ok_or_else(|| bad("expected [address, host, port, local]"))?;
+        let r = row
+            .as_array()
+            .filter(|r| r.len() == 4 || r.len() == 5)
+            .ok_or_else(|| bad("expected [address, host, port, local] or [address, host, port, local, control]"))?;
         let addr: Ipv4Addr =
             r[0].as_str().and_then(|s| s.parse().ok()).ok_or_else(|| bad("address must be an IPv4 address"))?;
         if !in_block(addr, block) {
@@ -139,8 +150,20 @@ pub fn parse_peers(json: &str, block: [u8; 2], self_ip: Ipv4Addr) -> Result<Vec<
             .ok_or_else(|| bad("host must be a host name or address"))?;
         let port = r[2].as_u64().filter(|p| (1..=65535).contains(p)).ok_or_else(|| bad("port must be 1..65535"))?;
         let local = r[3].as_bool().ok_or_else(|| bad("local must be true or false"))?;
+        let control = match r.get(4) {
+            None => None,
+            Some(v) => match v.as_str() {
+                Some("") => None,
+                Some(p) if local && p.starts_with('/') && p.len() <= MAX_CONTROL_PATH && !p.contains('\0') => {
+                    Some(PathBuf::from(p))
+                }
+                _ => {
+                    return Err(bad("control must be \"\" or, for a local peer, an absolute path of at most 107 bytes"))
+                }
+            },
+        };
         if addr != self_ip {
-            out.push(Peer { addr, host: host.to_string(), port: port as u16, local });
+            out.push(Peer { addr, host: host.to_string(), port: port as u16, local, control });
         }
     }
     Ok(out)
@@ -259,12 +282,21 @@ mod tests {
 
     #[test]
     fn peers_parsing() {
-        let p = parse_peers(r#"[["127.77.0.2", "10.1.2.3", 41234, false], ["127.77.0.1", "h", 1, true], ["127.77.0.3", "node-3.example", 65535, true]]"#, BLOCK, ME).unwrap();
+        let p = parse_peers(r#"[["127.77.0.2", "10.1.2.3", 41234, false], ["127.77.0.1", "h", 1, true], ["127.77.0.3", "node-3.example", 65535, true], ["127.77.0.4", "h", 2, true, "/tmp/d/tunnel.sock"], ["127.77.0.5", "h", 3, false, ""]]"#, BLOCK, ME).unwrap();
+        let peer = |addr, host: &str, port, local, control: Option<&str>| Peer {
+            addr,
+            host: host.into(),
+            port,
+            local,
+            control: control.map(PathBuf::from),
+        };
         assert_eq!(
             p,
             vec![
-                Peer { addr: Ipv4Addr::new(127, 77, 0, 2), host: "10.1.2.3".into(), port: 41234, local: false },
-                Peer { addr: Ipv4Addr::new(127, 77, 0, 3), host: "node-3.example".into(), port: 65535, local: true },
+                peer(Ipv4Addr::new(127, 77, 0, 2), "10.1.2.3", 41234, false, None),
+                peer(Ipv4Addr::new(127, 77, 0, 3), "node-3.example", 65535, true, None),
+                peer(Ipv4Addr::new(127, 77, 0, 4), "h", 2, true, Some("/tmp/d/tunnel.sock")),
+                peer(Ipv4Addr::new(127, 77, 0, 5), "h", 3, false, None),
             ]
         );
         assert_eq!(parse_peers("[]", BLOCK, ME).unwrap(), vec![]);
@@ -274,6 +306,10 @@ mod tests {
             "[1]",
             r#"[["127.77.0.2", "h", 1]]"#,
             r#"[["127.77.0.2", "h", 1, false, 5]]"#,
+            r#"[["127.77.0.2", "h", 1, true, "relative.sock"]]"#,
+            r#"[["127.77.0.2", "h", 1, false, "/tmp/d/tunnel.sock"]]"#,
+            r#"[["127.77.0.2", "h", 1, true, "/tmp/a\u0000b"]]"#,
+            r#"[["127.77.0.2", "h", 1, true, "/tmp/d/tunnel.sock", 1]]"#,
             r#"[["127.78.0.2", "h", 1, false]]"#,
             r#"[["127.77.0.2", "", 1, false]]"#,
             r#"[["127.77.0.2", "a b", 1, false]]"#,
@@ -286,6 +322,8 @@ mod tests {
         ] {
             assert!(parse_peers(bad, BLOCK, ME).is_err(), "{bad:?} parsed");
         }
+        let long = format!(r#"[["127.77.0.2", "h", 1, true, "/{}"]]"#, "x".repeat(MAX_CONTROL_PATH));
+        assert!(parse_peers(&long, BLOCK, ME).is_err());
     }
 
     #[test]
@@ -293,10 +331,10 @@ mod tests {
         let mut t = PeerTable::default();
         assert!(t.is_empty());
         let a = Ipv4Addr::new(127, 77, 0, 2);
-        t.update(vec![Peer { addr: a, host: "h1".into(), port: 1, local: false }]);
+        t.update(vec![Peer { addr: a, host: "h1".into(), port: 1, local: false, control: None }]);
         t.update(vec![
-            Peer { addr: a, host: "h2".into(), port: 2, local: true },
-            Peer { addr: Ipv4Addr::new(127, 77, 0, 3), host: "h3".into(), port: 3, local: false },
+            Peer { addr: a, host: "h2".into(), port: 2, local: true, control: None },
+            Peer { addr: Ipv4Addr::new(127, 77, 0, 3), host: "h3".into(), port: 3, local: false, control: None },
         ]);
         assert_eq!(t.len(), 2);
         assert_eq!(t.get(a).unwrap().host, "h2");

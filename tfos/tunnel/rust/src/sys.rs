@@ -7,6 +7,9 @@ use std::io;
 use std::mem;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -187,6 +190,74 @@ pub fn connect_timeout(fd: OwnedFd, addr: SocketAddr, timeout: Duration) -> io::
     }
     set_nonblocking_fd(raw, false)?;
     Ok(TcpStream::from(fd))
+}
+
+/// Connect to the unix stream socket at `path` within `timeout`; a blocking stream. A listener
+/// whose backlog is full refuses a non-blocking connect with EAGAIN: retried until the deadline.
+pub fn unix_connect_timeout(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    // SAFETY: sockaddr_un is plain data; all zeros is a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { mem::zeroed() };
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= sa.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a unix socket path"));
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in sa.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = (mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    let fd = new_socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        // SAFETY: sa/len describe a valid unix socket address.
+        let r = unsafe { libc::connect(fd.as_raw_fd(), &sa as *const _ as *const libc::sockaddr, len) };
+        if r == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Some(libc::EAGAIN) => return Err(io::Error::new(io::ErrorKind::TimedOut, "its backlog stayed full")),
+            _ => return Err(e),
+        }
+    }
+    set_nonblocking_fd(fd.as_raw_fd(), false)?;
+    Ok(UnixStream::from(fd))
+}
+
+fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: v/len are a valid int buffer and its length.
+    cvt(unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, &mut v as *mut _ as *mut libc::c_void, &mut len) })?;
+    Ok(v)
+}
+
+/// The uid of the process at the other end of a unix socket (SO_PEERCRED).
+pub fn peer_uid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    // SAFETY: ucred is plain data; all zeros is a valid value.
+    let mut cred: libc::ucred = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred/len are a valid ucred buffer and its length.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    Ok(cred.uid)
+}
+
+/// A socket's (domain, type, protocol); an error if `fd` is not a socket.
+pub fn socket_kind(fd: BorrowedFd<'_>) -> io::Result<(i32, i32, i32)> {
+    Ok((
+        getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)?,
+        getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)?,
+        getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)?,
+    ))
 }
 
 /// Room for one control message carrying one descriptor, aligned for cmsghdr.

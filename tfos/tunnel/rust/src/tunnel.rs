@@ -2,7 +2,7 @@
 //! (in the private namespace, one per peer address and port asked for), the ingress listener
 //! (host namespace), and the exit on stdin's EOF or SIGTERM/SIGINT.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, OwnedFd};
@@ -42,6 +42,8 @@ pub struct Tunnel {
     uid: u32,
     peers: RwLock<PeerTable>,
     egress: Mutex<HashSet<(Ipv4Addr, u16)>>,
+    /// How the last connection to each same-host peer went (logged when it changes).
+    neighbours: Mutex<HashMap<Ipv4Addr, String>>,
     ingress_live: Arc<AtomicUsize>,
     egress_live: Arc<AtomicUsize>,
 }
@@ -139,6 +141,11 @@ impl Tunnel {
                 if addr != self.cfg.self_ip {
                     let peer = self.peers.read().unwrap_or_else(|e| e.into_inner()).get(addr).cloned();
                     let peer = peer.ok_or_else(|| format!("unknown peer {addr}"))?;
+                    if let (true, Some(control)) = (self.private(), &peer.control) {
+                        if let Some(fd) = self.straight_to(addr, control, domain, ty, protocol) {
+                            return Ok(Some(fd));
+                        }
+                    }
                     // in loopback mode a peer on this host holds its own address in the shared namespace
                     if self.private() || !peer.local {
                         self.ensure_egress(addr, port)?;
@@ -146,6 +153,59 @@ impl Tunnel {
                 }
                 self.private_socket(domain, ty, protocol).map(Some)
             }
+        }
+    }
+
+    /// For a node on this host: a socket in its namespace, so the connection needs no tunnel; None
+    /// (the tunnels then carry it) when its namespace is out of reach. Logs when that changes.
+    fn straight_to(&self, addr: Ipv4Addr, control: &Path, domain: i32, ty: i32, protocol: i32) -> Option<OwnedFd> {
+        let got = self.neighbour_socket(control, domain, ty, protocol);
+        let outcome = match &got {
+            Ok(_) => format!(
+                "node {addr} is on this host: connections to it go straight into its namespace, not through the tunnels"
+            ),
+            Err(e) => format!(
+                "node {addr} is on this host, but its namespace is out of reach ({e}): connections to it go \
+                 through the tunnels"
+            ),
+        };
+        let mut last = self.neighbours.lock().unwrap_or_else(|e| e.into_inner());
+        if last.get(&addr) != Some(&outcome) {
+            log::line(&outcome);
+            last.insert(addr, outcome);
+        }
+        got.ok()
+    }
+
+    /// A socket in the private namespace of a node on this host, from its tunnel's control socket
+    /// (served by a process of this user: checked), for a connection that then needs no tunnel.
+    fn neighbour_socket(&self, control: &Path, domain: i32, ty: i32, protocol: i32) -> Result<OwnedFd, String> {
+        let conn = sys::unix_connect_timeout(control, CONTROL_DEADLINE)
+            .map_err(|e| format!("cannot connect to {}: {e}", control.display()))?;
+        match sys::peer_uid(conn.as_fd()) {
+            Ok(uid) if uid == self.uid => {}
+            Ok(uid) => return Err(format!("{} is served by uid {uid}, not {}", control.display(), self.uid)),
+            Err(e) => return Err(format!("cannot tell who serves {}: {e}", control.display())),
+        }
+        let _ = conn.set_read_timeout(Some(CONTROL_DEADLINE));
+        let _ = conn.set_write_timeout(Some(CONTROL_DEADLINE));
+        (&conn)
+            .write_all(format!("SOCKET {domain} {ty} {protocol}\n").as_bytes())
+            .map_err(|e| format!("cannot ask {}: {e}", control.display()))?;
+        let mut reply = [0u8; 1 + MAX_ERROR];
+        let (n, fd) = sys::recv_with_fd(conn.as_fd(), &mut reply)
+            .map_err(|e| format!("no answer from {}: {e}", control.display()))?;
+        let fd = match (n, reply[0], fd) {
+            (1, b'Y', Some(fd)) => fd,
+            (0, _, _) => return Err(format!("{} closed without an answer", control.display())),
+            (_, b'N', _) => return Err(String::from_utf8_lossy(&reply[1..n]).into_owned()),
+            _ => return Err(format!("a malformed answer from {}", control.display())),
+        };
+        let want = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+        match sys::socket_kind(fd.as_fd()) {
+            Ok((d, t, _)) if d == domain && t == want => Ok(fd),
+            Ok((d, t, _)) => Err(format!("got a socket of domain {d} and type {t}, not {domain} and {want}")),
+            Err(e) => Err(format!("got something that is not a socket ({e})")),
         }
     }
 
@@ -452,6 +512,7 @@ pub fn run() -> i32 {
         uid: sys::getuid(),
         peers: RwLock::new(PeerTable::default()),
         egress: Mutex::new(HashSet::new()),
+        neighbours: Mutex::new(HashMap::new()),
         ingress_live: Arc::new(AtomicUsize::new(0)),
         egress_live: Arc::new(AtomicUsize::new(0)),
     });

@@ -448,6 +448,68 @@ fn private_namespaces_relay_an_echo_and_hide_the_server() {
     b.stop();
 }
 
+#[test]
+fn a_peer_on_this_host_is_reached_straight_in_its_namespace_or_else_through_the_tunnels() {
+    if !is_root() {
+        println!("skipped: not root");
+        return;
+    }
+    let _heavy = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir("direct");
+    let a = Node::start(&dir, "a", "127.90.0.1", "127.90", "auto", SECRET);
+    let b = Node::start(&dir, "b", "127.90.0.2", "127.90", "auto", SECRET);
+    if !a.netns() || !b.netns() {
+        println!("skipped: no private namespace here ({:?})", b.ready);
+        return;
+    }
+    let fd = b.ok("SOCKET 2 1 0").expect("a socket");
+    sys::set_reuseaddr(fd.as_fd()).unwrap();
+    let server = echo(sys::bind_listen(fd, "127.90.0.2:0".parse().unwrap(), 128).unwrap());
+    let addr = Ipv4Addr::new(127, 90, 0, 2);
+    // B's tunnel named with a port where nothing listens: only the straight path can reach B
+    a.ok(&format!(r#"PEERS [["127.90.0.2", "127.0.0.1", 1, true, "{}"]]"#, b.ctl.display()));
+    let rate = echo_through(a.connect(addr, server.port).expect("connect straight into B's namespace"));
+    println!("same host: {ECHO_BYTES} bytes echoed straight into B's namespace at {rate:.0} MB/s each way");
+    assert_eq!(server.accepted.load(Ordering::SeqCst), 1);
+    assert!(a.log_text().contains("node 127.90.0.2 is on this host"), "{}", a.log_text());
+    // a control socket that is not there: through the tunnels, as between hosts
+    a.ok(&format!(r#"PEERS [["127.90.0.2", "127.0.0.1", {}, true, "{}/gone.sock"]]"#, b.port, dir.display()));
+    echo_through(a.connect(addr, server.port).expect("connect through the tunnels"));
+    assert_eq!(server.accepted.load(Ordering::SeqCst), 2);
+    assert!(a.log_text().contains("its namespace is out of reach"), "{}", a.log_text());
+    // a control socket served by another user (uid 65534) that would hand out a socket: refused
+    let open_dir = std::env::temp_dir().join(format!("tfos-tunnel-test-foreign-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&open_dir);
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(&open_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let foreign = open_dir.join("foreign.sock");
+    let mut stranger = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import socket, sys\n\
+             l = socket.socket(socket.AF_UNIX); l.bind(sys.argv[1]); l.listen(4); print('up', flush=True)\n\
+             while True:\n    c, _ = l.accept(); c.recv(100)\n    s = socket.socket()\n    \
+             socket.send_fds(c, [b'Y'], [s.fileno()]); c.close()\n",
+        )
+        .arg(&foreign)
+        .uid(65534)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut up = String::new();
+    BufReader::new(stranger.stdout.take().unwrap()).read_line(&mut up).unwrap();
+    assert_eq!(up.trim(), "up");
+    a.ok(&format!(r#"PEERS [["127.90.0.2", "127.0.0.1", {}, true, "{}"]]"#, b.port, foreign.display()));
+    echo_through(a.connect(addr, server.port).expect("connect through the tunnels"));
+    assert_eq!(server.accepted.load(Ordering::SeqCst), 3);
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    let _ = std::fs::remove_dir_all(&open_dir);
+    assert!(a.log_text().contains("is served by uid 65534"), "{}", a.log_text());
+    a.stop();
+    b.stop();
+}
+
 /// The namespace helper's pid(s): children of `pid`.
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();

@@ -20,6 +20,24 @@ int64_t add_group(c10::intrusive_ptr<c10d::Backend> pg) { return groups.add(std:
 
 void remove_group(int64_t handle) { groups.remove(handle); }
 
+// dst[j] = src[j] * scale on this thread (src may be dst): at::mul_ would wake PyTorch's OpenMP
+// threads, which spin on the cores the TF process and Gloo need.
+template <class T>
+void scale_into(void* dst, const void* src, int64_t count, double scale) {
+  const T s = static_cast<T>(scale);
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(src);
+  for (int64_t j = 0; j < count; ++j) d[j] = x[j] * s;
+}
+
+void scale_into(int type, void* dst, const void* src, int64_t count, double scale) {
+  if (type == kTfosFloat) {
+    scale_into<float>(dst, src, count, scale);
+  } else {
+    scale_into<double>(dst, src, count, scale);
+  }
+}
+
 void say(char* err, int errlen, const std::string& text) {
   std::snprintf(err, static_cast<size_t>(errlen), "%s", text.c_str());
 }
@@ -32,8 +50,11 @@ void say(char* err, int errlen, const std::string& text) {
 // Gloo's threads run at once (tfos.tf.gloo.split_count, the same rule as the Python path;
 // max_pieces is 1 from 3 ranks on: tfos.tf.gloo.max_pieces). A buffer with a copy_from[i] (an
 // input TF keeps) is filled from it part by part, each part just before its collective is issued,
-// so the copy overlaps the parts already travelling. Returns 0, or 1 with the error's text in err;
-// either way no collective is left running on the buffers (the caller frees them).
+// so the copy overlaps the parts already travelling. A float32/float64 buffer to average is scaled
+// by 1/size on the way (in that copy, else in place, part by part before its collective): the mean
+// costs no pass of its own after the sums, as Horovod's prescale; other types are divided after.
+// Returns 0, or 1 with the error's text in err; either way no collective is left running on the
+// buffers (the caller frees them).
 int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* const* copy_from,
                         const int64_t* counts, const int* types, const bool* average, int64_t max_pieces,
                         int64_t piece_bytes, char* err, int errlen) {
@@ -50,12 +71,18 @@ int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* co
     return 1;
   }
   std::vector<at::Tensor> tensors(static_cast<size_t>(n));
+  std::vector<bool> prescaled(static_cast<size_t>(n), false);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  int size = 1;
   try {
+    size = pg->getSize();
+    const double scale = 1.0 / size;
     for (int i = 0; i < n; ++i) {
       if (counts[i] == 0) continue;
       at::Tensor t = blob(data[i], counts[i], types[i]);
       tensors[i] = t;
+      const bool prescale = average[i] && size > 1 && (types[i] == kTfosFloat || types[i] == kTfosDouble);
+      prescaled[i] = prescale;
       const int64_t item = t.element_size();
       const int64_t bytes = counts[i] * item;
       const int64_t pieces =
@@ -63,12 +90,15 @@ int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* co
       const int64_t step = (counts[i] + pieces - 1) / pieces;
       for (int64_t off = 0; off < counts[i]; off += step) {
         const int64_t len = std::min(step, counts[i] - off);
-        if (copy_from[i] != nullptr) {
-          std::memcpy(static_cast<char*>(data[i]) + off * item, static_cast<const char*>(copy_from[i]) + off * item,
-                      static_cast<size_t>(len * item));
+        char* to = static_cast<char*>(data[i]) + off * item;
+        const char* from = copy_from[i] != nullptr ? static_cast<const char*>(copy_from[i]) + off * item : to;
+        if (prescale) {
+          scale_into(types[i], to, from, len, scale);
+        } else if (from != to) {
+          std::memcpy(to, from, static_cast<size_t>(len * item));
         }
-        std::vector<at::Tensor> part{t.narrow(0, off, len)};
-        works.push_back(pg->allreduce(part));
+        std::vector<at::Tensor> parts{t.narrow(0, off, len)};
+        works.push_back(pg->allreduce(parts));
       }
     }
   } catch (const std::exception& e) {
@@ -86,9 +116,8 @@ int tfos_gloo_allreduce(int64_t handle, int n, void* const* data, const void* co
     return 1;
   }
   try {
-    const int size = pg->getSize();
-    for (int i = 0; i < n; ++i) {  // averaged once every collective is done (they compete for the cores)
-      if (!average[i] || size <= 1 || !tensors[i].defined()) continue;
+    for (int i = 0; i < n; ++i) {  // the rest averaged once every collective is done
+      if (!average[i] || prescaled[i] || size <= 1 || !tensors[i].defined()) continue;
       if (at::isFloatingType(tensors[i].scalar_type())) {
         tensors[i].mul_(1.0 / size);
       } else {

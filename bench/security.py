@@ -12,10 +12,16 @@
               direct on 127.0.0.1 and one on the nodes' private addresses, whose traffic the tunnels
               carry (encrypted records); all-reduces of --sizes MiB alternating between the groups,
               --rounds rounds; algorithm bandwidth (bytes / time) and tunnel / direct
+  cluster     what a user of tfos sees: a clear cluster (encrypt=False) and an encrypted one (the
+              default) up side by side on local-cluster[2,1,2048], each node running
+              ``keras_dist.allreduce`` eagerly after ``init_collectives()`` (default settings: Gloo,
+              the mean) on a --cluster-mib MiB tensor; in the clear cluster's two processes also
+              PyTorch's own Gloo group (``torch.distributed``, a file store, on 127.0.0.1, in place,
+              the sum); --rounds rounds, the clusters taking turns; encrypted / clear and tfos / torch
 
 Both ranks, both tunnels and the crypto share this machine's 2 cores, so the ratio here is a floor:
 on real hosts each node has its own cores for its tunnel.
-Run:  bash scripts/bench.sh security [--only channel|connect|allreduce] [--sizes 16,64,256] [--rounds 5]
+Run:  bash scripts/bench.sh security [--only channel|connect|allreduce|cluster] [--sizes 16,64,256] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -252,9 +258,118 @@ def channel(args) -> None:
         C._SEND_RECORD, C._STAGE = default
 
 
+def cluster_rounds(args, ctx):
+    """A node of --only cluster: all-reduce rounds when the driver's go file for them appears."""
+    import datetime
+    import json
+    import os
+    import time
+
+    import tensorflow as tf
+
+    from tfos import keras_dist
+
+    work, name, mib, rounds, reps = args
+    rank, _ = keras_dist.init_collectives()
+    n = mib << 18  # float32 elements
+    x = tf.ones([n], tf.float32)
+    keras_dist.allreduce(x)  # the first call starts Gloo's connections
+    # in a training step: a tensor the step made and nothing else reads, as a gradient is
+    # (tf.raw_ops.Empty: the memory, no work), which the all-reduce may overwrite
+    step = tf.function(lambda: keras_dist.allreduce(tf.raw_ops.Empty(shape=[n], dtype=tf.float32)))
+    step()
+    ours = {"tfos": lambda: keras_dist.allreduce(x), "step": step}
+    if name == "clear":
+        import torch
+        import torch.distributed as dist
+
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = datetime.timedelta(seconds=300)
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        pg = dist.ProcessGroupGloo(dist.FileStore(os.path.join(work, "torch-store"), 2), rank, 2, opts)
+        t = torch.ones(n)
+        ours["torch"] = lambda: pg.allreduce([t]).wait()
+        ours["torch"]()
+    with open(os.path.join(ctx.node_dir, "tunnel.log") if name != "clear" else os.devnull, errors="replace") as f:
+        straight = "connections to it go straight into its namespace" in f.read()
+    for i in range(rounds):
+        while not os.path.exists(os.path.join(work, f"go-{name}-{i}")):
+            time.sleep(0.02)
+        out = {"straight": straight}
+        for key, fn in ours.items():
+            fn()  # lines the ranks up
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            out[key] = (time.perf_counter() - t0) / reps
+        path = os.path.join(work, f"res-{name}-{i}-{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.replace(path + ".tmp", path)
+
+
+def cluster(args) -> None:
+    from tfos import InputMode, TFCluster
+    from tfos.testing import local_cluster_session, wait_for
+
+    spark = local_cluster_session(2, 1, 2048, app_name="tfos-bench-security")
+    spark.sparkContext.setLogLevel("ERROR")
+    mib, rounds, reps = args.cluster_mib, args.rounds, args.reps
+    results: dict = {"clear": [], "encrypted": []}
+    clusters = {}
+    with tempfile.TemporaryDirectory() as work:
+        try:
+            for name in results:  # InputMode.SPARK frees the executors' slots once the nodes run
+                clusters[name] = TFCluster.run(spark.sparkContext, cluster_rounds, (work, name, mib, rounds, reps), 2,
+                                               0, input_mode=InputMode.SPARK, progress=False,
+                                               encrypt=name == "encrypted")
+            for i in range(rounds):
+                for name in (("clear", "encrypted") if i % 2 else ("encrypted", "clear")):
+                    open(os.path.join(work, f"go-{name}-{i}"), "w").close()
+                    res = [os.path.join(work, f"res-{name}-{i}-{r}.json") for r in (0, 1)]
+                    assert wait_for(lambda: all(map(os.path.exists, res)), 600), f"round {i} of {name} never ended"
+                    ranks = []
+                    for path in res:
+                        with open(path) as f:
+                            ranks.append(json.load(f))
+                    results[name].append(dict(ranks[0], straight=any(r["straight"] for r in ranks)))
+        finally:
+            for c in clusters.values():
+                c.shutdown(timeout=300)
+            spark.stop()
+    mb = mib * (1 << 20) / 1e6
+
+    def col(name, key):
+        return [mb / r[key] for r in results[name]]
+
+    def med(xs):
+        return sorted(xs)[len(xs) // 2]
+
+    enc, clear, torch = col("encrypted", "tfos"), col("clear", "tfos"), col("clear", "torch")
+    print(f"  {mib} MiB, 2 ranks, {reps} all-reduces per measurement, {rounds} rounds (the clusters take turns); "
+          f"MB/s (algorithm bandwidth):")
+    for label, xs in (("tfos eager, encrypted", enc), ("tfos eager, clear", clear),
+                      ("tfos in a step, encrypted", col("encrypted", "step")),
+                      ("tfos in a step, clear", col("clear", "step")), ("torch Gloo, clear cluster", torch)):
+        print(f"  {label:<27} " + " ".join(f"{x:7,.0f}" for x in xs) + f"   median {med(xs):7,.0f}")
+    straight = all(r["straight"] for r in results["encrypted"])
+    ratios = [e / c for e, c in zip(enc, clear)]
+    print("  encrypted / clear per round " + " ".join(f"{x:.2f}" for x in ratios) + f", median {med(ratios):.2f}"
+          f"   (target >= 0.8; same-host nodes {'met straight in their namespaces' if straight else 'went through the tunnels'})")
+    ratios = [e / c for e, c in zip(col("encrypted", "step"), col("clear", "step"))]
+    print("  in a step, encrypted / clear per round " + " ".join(f"{x:.2f}" for x in ratios)
+          + f", median {med(ratios):.2f}")
+    for label, xs in (("eager", clear), ("in a step", col("clear", "step"))):
+        ratios = [c / t for c, t in zip(xs, torch)]
+        print(f"  tfos {label}, clear / torch Gloo per round " + " ".join(f"{x:.2f}" for x in ratios)
+              + f", median {med(ratios):.2f}   (target >= 1.0)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=("all", "channel", "connect", "allreduce"), default="all")
+    p.add_argument("--only", choices=("all", "channel", "connect", "allreduce", "cluster"), default="all")
+    p.add_argument("--cluster-mib", type=int, default=64, help="the all-reduce's size in MiB of --only cluster")
+    p.add_argument("--reps", type=int, default=10, help="all-reduces per measurement of --only cluster")
     p.add_argument("--frames", type=int, default=60, help="frames per run of --only channel")
     p.add_argument("--records", default="1024,256,128,64", help="sending record sizes of --only channel, KiB")
     p.add_argument("--sizes", default="16,64,256", help="all-reduce sizes in MiB")
@@ -268,6 +383,8 @@ def main(argv=None) -> int:
         connect(args)
     if args.only in ("all", "allreduce"):
         allreduce(args)
+    if args.only in ("all", "cluster"):
+        cluster(args)
     return 0
 
 

@@ -15,7 +15,7 @@ if [ "$name" = "feed" ] || [ "$name" = "startup" ]; then  # the reference: Tenso
   fi
 fi
 python -m tfos.tunnel build >/dev/null  # clusters are encrypted by default: the node tunnel and shim (cached)
-if [ "$name" = "allreduce" ] || [ "$name" = "reduction_server" ]; then  # tfos's Gloo op for tf.function (C++; kept in the cache by source and version)
+if [ "$name" = "allreduce" ] || [ "$name" = "reduction_server" ] || [ "$name" = "security" ]; then  # tfos's Gloo op for tf.function (C++; kept in the cache by source and version)
   python -m tfos.tf.gloo_kernel build >/dev/null
 fi
 exec python "bench/$name.py" "$@"

@@ -33,9 +33,16 @@ bound from a CPU bound. With K the tensor's bytes, a ring moves 2(N-1)/N K each 
 per worker (1.5 K at N = 4) and the reduction server K (K/R to and from each reducer), so with
 links that bound the all-reduce it should be up to 1.5x faster at N = 4.
 
+``--encrypt`` runs every process as an encrypted tfos cluster does: each host gets a node tunnel
+(``tfos-tunnel``, started in the host's namespace, with a private namespace of its own and the
+cluster's secret), the processes get tfos's shim and the nodes' private addresses, and every byte
+between hosts travels through two tunnels in AES-256-GCM records (the interface counters then
+count the records).
+
 Run (root; nothing else may use 198.51.100.0/24 meanwhile, e.g. the multi-host test suite):
 
     python bench/reduction_server.py --rate 1gbit
+    python bench/reduction_server.py --rate 1gbit --encrypt --skip-training
     python bench/reduction_server.py --rate none --skip-training       # unshaped links
     python bench/reduction_server.py --modes ring --iters 5             # the ring alone
 
@@ -284,6 +291,72 @@ class Proc:
         return f"{self.name} ({self.host.netns} {self.host.address}) {what}; its stderr ends:\n{tail(self.err)}"
 
 
+class Tunnels:
+    """``--encrypt``: one tfos node tunnel per host, started in the host's namespace as a node agent
+    starts it, each told where the others' are; :meth:`env` is what a process on host i needs (the
+    shim, its private address), :meth:`address` the address its peers reach it at."""
+
+    def __init__(self, hosts, logs: str, timeout: float = 30.0):
+        import select
+
+        if ROOT not in sys.path:
+            sys.path.insert(0, ROOT)
+        from tfos.tunnel import addresses, build
+        from tfos.tunnel import node as tunnel_node
+        from tfos.tunnel.agent import parse_ready
+        from tfos.wire.channel import new_key
+
+        binary, self.shim = build.require()
+        self.block = addresses.block_for("bench-reduction-server")
+        key = new_key(True)
+        self.procs, self.controls, ports = [], [], []
+        try:
+            for i, h in enumerate(hosts):
+                control = os.path.join(logs, f"tunnel{i}.sock")
+                with open(os.path.join(logs, f"tunnel{i}.err"), "wb") as err:
+                    p = subprocess.Popen(h.exec_args(binary), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, start_new_session=True)
+                self.procs.append(p)
+                p.stdin.write(json.dumps({"secret": key.secret, "self_ip": self.address(i), "block": self.block,
+                                          "control": control, "bind_host": h.address}).encode() + b"\n")
+                p.stdin.flush()  # stays open: the tunnel ends with it
+                if not select.select([p.stdout], [], [], timeout)[0]:
+                    raise Failed(f"the tunnel of {h} did not start within {timeout:.0f}s")
+                port, mode, reason = parse_ready(p.stdout.readline().decode(errors="replace"))
+                if mode != "netns":
+                    raise Failed(f"the tunnel of {h} runs in {mode} mode ({reason}), not in a private namespace")
+                self.controls.append(control)
+                ports.append(port)
+            for i in range(len(hosts)):
+                tunnel_node.request(self.controls[i], "PEERS " + json.dumps(
+                    [[self.address(j), h.address, ports[j], False] for j, h in enumerate(hosts) if j != i]))
+        except BaseException:
+            self.stop()
+            raise
+
+    def address(self, i: int) -> str:
+        from tfos.tunnel import addresses
+
+        return addresses.node_address(self.block, i)
+
+    def env(self, i: int, port: int) -> dict:
+        return {"LD_PRELOAD": self.shim, "TFOS_TUNNEL_CONTROL": self.controls[i], "TFOS_TUNNEL_BLOCK": self.block,
+                "TFOS_TUNNEL_SELF": self.address(i), "TFOS_TUNNEL_TF_PORT": str(port)}
+
+    def stop(self) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
 def child_env(extra: dict) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not (k.startswith("TFOS_") and k != "TFOS_CACHE_DIR") and k not in ("TF_CONFIG", "PYTHONPATH")}
@@ -298,13 +371,21 @@ def child_env(extra: dict) -> dict:
     return env
 
 
-def run_measurement(args, net, kind: str, mode: str, port: int, logs: str, timeout: float) -> list[dict]:
+def run_measurement(args, net, kind: str, mode: str, port: int, logs: str, timeout: float,
+                    tunnels: Tunnels | None = None) -> list[dict]:
     """Start the workers (and the reducers for mode 'rs'), wait for them all within ``timeout`` s;
     the workers' results in rank order. Failed with the culprit's stderr if anything fails or hangs."""
     workers_h = net.hosts[:args.workers]
     reducers_h = net.hosts[args.workers:args.workers + args.reducers]
     impl = MODES[mode]
-    addresses = [f"{h.address}:{port}" for h in workers_h]
+
+    def address(i: int) -> str:  # host i's address for the others (its private one with --encrypt)
+        return tunnels.address(i) if tunnels else net.hosts[i].address
+
+    def shim(i: int) -> dict:
+        return tunnels.env(i, port) if tunnels else {}
+
+    addresses = [f"{address(i)}:{port}" for i in range(len(workers_h))]
     extra = {"TFOS_REDUCERS": str(args.reducers)} if mode == "rs" else {}
     workers, reducers = [], []
     tag = f"{kind}-{mode}"
@@ -319,14 +400,15 @@ def run_measurement(args, net, kind: str, mode: str, port: int, logs: str, timeo
                    "--warmup-steps", str(args.warmup_steps), "--batch", str(args.batch),
                    "--width", str(args.width), "--depth", str(args.depth),
                    "--collective-timeout", str(args.collective_timeout)]
-            workers.append(Proc(f"{tag}-worker{i}", h, cmd, child_env({"TF_CONFIG": json.dumps(tf_config), **extra}),
-                                logs))
+            workers.append(Proc(f"{tag}-worker{i}", h, cmd,
+                                child_env({"TF_CONFIG": json.dumps(tf_config), **extra, **shim(i)}), logs))
         if mode == "rs":
             for r, h in enumerate(reducers_h):
                 cmd = [sys.executable, "-m", "tfos.tf.reduction", "serve", "--index", str(r),
                        "--workers", str(args.workers), "--reducers", str(args.reducers),
-                       "--store", addresses[0], "--host", h.address, "--timeout", str(args.collective_timeout)]
-                reducers.append(Proc(f"{tag}-reducer{r}", h, cmd, child_env({}), logs))
+                       "--store", addresses[0], "--host", address(args.workers + r),
+                       "--timeout", str(args.collective_timeout)]
+                reducers.append(Proc(f"{tag}-reducer{r}", h, cmd, child_env(shim(args.workers + r)), logs))
         deadline = started + timeout
         samples = []  # (wall time, CPU seconds of each reducer): their CPU in the workers' timed window
         while True:
@@ -487,6 +569,8 @@ def main(argv=None) -> int:
     p.add_argument("--reducer-grace", type=float, default=60.0,
                    help="seconds the reducers may take to exit after the workers ended")
     p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs (always kept on failure)")
+    p.add_argument("--encrypt", action="store_true",
+                   help="as an encrypted tfos cluster: a node tunnel per host carries every byte between hosts")
     args = p.parse_args(argv)
     args.rate = None if args.rate.lower() in ("none", "0", "") else args.rate
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -509,47 +593,53 @@ def main(argv=None) -> int:
                             text=True).stdout.strip()
     print(f"# reduction server vs ring: {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, "
           f"{args.workers} workers, {args.reducers} reducers, links {args.rate or 'unshaped'}, "
-          f"{args.size_mib} MiB float32, {args.iters} timed all-reduces; logs in {logs}", flush=True)
+          f"{args.size_mib} MiB float32, {args.iters} timed all-reduces, "
+          f"{'encrypted (node tunnels)' if args.encrypt else 'clear'}; logs in {logs}", flush=True)
     try:
         with netns.Net(hosts, rate=args.rate, latency_ms=args.tc_latency_ms) as net:
-            if args.rate:
-                print(f"  links: {net.qdiscs(net.hosts[0])}", flush=True)
-            port = PORT
-            for kind in kinds:
-                print(f"\n## {kind}" + (f": {args.size_mib} MiB float32" if kind == "allreduce" else
-                                        f": MLP {args.depth}x{args.width} on load_digits, batch {args.batch}"
-                                        f" per worker, {args.steps} timed steps"), flush=True)
-                for mode in args.modes:
-                    timeout = args.timeout or default_timeout(args, kind)
-                    t = time.monotonic()
-                    try:
-                        res = run_measurement(args, net, kind, mode, port, logs, timeout)
-                    except Failed as e:
-                        failures.append(f"{kind} {LABELS[mode]}: {e}")
-                        print(f"  {LABELS[mode]:<17} FAILED after {time.monotonic() - t:.0f}s:\n{e}", flush=True)
-                        continue
-                    finally:
-                        port += 1  # fresh ports: no wait for the last measurement's sockets
-                    if kind == "allreduce":
-                        results[(kind, mode)] = s = summarize_allreduce(res)
-                        print_allreduce(mode, s)
-                    else:
-                        results[(kind, mode)] = s = summarize_train(res)
-                        print_train(mode, s)
-                    per = "all-reduce" if kind == "allreduce" else "step"
-                    red = (f", all reducers' CPU {s['reducer_cpu_s']:.2f} s per {per}"
-                           if s["reducer_cpu_s"] is not None else "")
-                    print(f"  {'':<17} (CPU of each worker {s['cpu_s']:.2f} s per {per}{red}, machine's CPUs "
-                          f"{s['busy']:.0%} busy "
-                          f"meanwhile; {s['drops']} packets dropped by the shaping queues; "
-                          f"{time.monotonic() - t:.0f}s with start-up; implementation {s['implementation']})",
-                          flush=True)
-                if len(args.modes) == 2 and all((kind, m) in results for m in args.modes):
-                    a, b = results[(kind, "rs")], results[(kind, "ring")]
-                    key = "algbw" if kind == "allreduce" else "steps_per_s"
-                    print(f"  reduction server / ring: {a[key] / b[key]:.2f}x "
-                          f"({'algorithm bandwidth' if kind == 'allreduce' else 'steps/s'}), "
-                          f"bytes sent per worker {a['tx'] / b['tx']:.2f}x", flush=True)
+            tunnels = Tunnels(net.hosts, logs) if args.encrypt else None
+            try:
+                if args.rate:
+                    print(f"  links: {net.qdiscs(net.hosts[0])}", flush=True)
+                port = PORT
+                for kind in kinds:
+                    print(f"\n## {kind}" + (f": {args.size_mib} MiB float32" if kind == "allreduce" else
+                                            f": MLP {args.depth}x{args.width} on load_digits, batch {args.batch}"
+                                            f" per worker, {args.steps} timed steps"), flush=True)
+                    for mode in args.modes:
+                        timeout = args.timeout or default_timeout(args, kind)
+                        t = time.monotonic()
+                        try:
+                            res = run_measurement(args, net, kind, mode, port, logs, timeout, tunnels)
+                        except Failed as e:
+                            failures.append(f"{kind} {LABELS[mode]}: {e}")
+                            print(f"  {LABELS[mode]:<17} FAILED after {time.monotonic() - t:.0f}s:\n{e}", flush=True)
+                            continue
+                        finally:
+                            port += 1  # fresh ports: no wait for the last measurement's sockets
+                        if kind == "allreduce":
+                            results[(kind, mode)] = s = summarize_allreduce(res)
+                            print_allreduce(mode, s)
+                        else:
+                            results[(kind, mode)] = s = summarize_train(res)
+                            print_train(mode, s)
+                        per = "all-reduce" if kind == "allreduce" else "step"
+                        red = (f", all reducers' CPU {s['reducer_cpu_s']:.2f} s per {per}"
+                               if s["reducer_cpu_s"] is not None else "")
+                        print(f"  {'':<17} (CPU of each worker {s['cpu_s']:.2f} s per {per}{red}, machine's CPUs "
+                              f"{s['busy']:.0%} busy "
+                              f"meanwhile; {s['drops']} packets dropped by the shaping queues; "
+                              f"{time.monotonic() - t:.0f}s with start-up; implementation {s['implementation']})",
+                              flush=True)
+                    if len(args.modes) == 2 and all((kind, m) in results for m in args.modes):
+                        a, b = results[(kind, "rs")], results[(kind, "ring")]
+                        key = "algbw" if kind == "allreduce" else "steps_per_s"
+                        print(f"  reduction server / ring: {a[key] / b[key]:.2f}x "
+                              f"({'algorithm bandwidth' if kind == 'allreduce' else 'steps/s'}), "
+                              f"bytes sent per worker {a['tx'] / b['tx']:.2f}x", flush=True)
+            finally:
+                if tunnels:
+                    tunnels.stop()
     except KeyboardInterrupt:
         failures.append("interrupted")
     print("\n" + markdown(args, results), flush=True)

@@ -354,8 +354,9 @@ def cluster(args) -> None:
         print(f"  {label:<27} " + " ".join(f"{x:7,.0f}" for x in xs) + f"   median {med(xs):7,.0f}")
     straight = all(r["straight"] for r in results["encrypted"])
     ratios = [e / c for e, c in zip(enc, clear)]
+    path = "met straight in their namespaces" if straight else "went through the tunnels"
     print("  encrypted / clear per round " + " ".join(f"{x:.2f}" for x in ratios) + f", median {med(ratios):.2f}"
-          f"   (target >= 0.8; same-host nodes {'met straight in their namespaces' if straight else 'went through the tunnels'})")
+          f"   (target >= 0.8; same-host nodes {path})")
     ratios = [e / c for e, c in zip(col("encrypted", "step"), col("clear", "step"))]
     print("  in a step, encrypted / clear per round " + " ".join(f"{x:.2f}" for x in ratios)
           + f", median {med(ratios):.2f}")

@@ -57,6 +57,45 @@ def test_a_chunk_arrives_whole_aligned_and_in_the_rings_memory(ring, writer):
     assert address % 64 == 0, "the body starts 64-byte aligned, so TensorFlow takes it without a copy"
 
 
+def _rows(rows=1000, value=1.0, label_first=False):
+    return [(i, np.full(64, value, np.float32)) if label_first else (np.full(64, value, np.float32), i)
+            for i in range(rows)]
+
+
+@pytest.mark.parametrize("label_first", [False, True])
+def test_rows_converted_into_a_staged_slot_are_sent_from_where_they_were_written(ring, writer, label_first):
+    rows = _rows(1000, 3.5, label_first)
+    batch = arrow.rows_to_batch(rows, alloc=writer.stage)
+    column = batch.column(1 if label_first else 0).values.buffers()[1]
+    staged = writer.staged
+    assert staged is not None and column.address == staged[1], "the ndarray column was stacked into the slot"
+    msg = _send(writer, batch)
+    assert msg.slot == staged[0], "sent from the slot it was converted in"
+    got = ring.read(msg)
+    assert got.equals(arrow.rows_to_batch(rows)), "the same chunk as one converted the usual way"
+    features = arrow.column_to_numpy(got.column(1 if label_first else 0), got.schema.field(1 if label_first else 0))
+    where = ring.address + R.HEADER + msg.slot * SLOT + R.STAGE_AT  # the same place in the hub's mapping
+    assert features.__array_interface__["data"][0] == where, "read where it was written: no copy on either side"
+    assert writer.staged is None
+
+
+def test_a_staged_column_that_cannot_stay_in_place_is_copied_and_odd_rows_convert_as_usual(ring, writer):
+    # columns ahead of the staged one larger than the room before it: the stream goes to another slot
+    wide = [(bytes(80_000), np.full(64, 1.0, np.float32)) for _ in range(4)]
+    batch = arrow.rows_to_batch(wide, alloc=writer.stage)
+    staged = writer.staged
+    msg = _send(writer, batch)
+    assert msg.slot != staged[0] and ring.read(msg).equals(arrow.rows_to_batch(wide))
+    # a row of another dtype: converted as usual (upcast), the staged memory unused
+    mixed = [(np.ones(64, np.float32), 0), (np.ones(64, np.float64), 1)]
+    batch = arrow.rows_to_batch(mixed, alloc=writer.stage)
+    assert batch.equals(arrow.rows_to_batch(mixed)) and batch.schema.field(0).type.value_type == pa.float64()
+    # no free slot: nothing to stage into, converted as usual
+    held = [ring.read(_send(writer, _batch())) for _ in range(ring.slots)]
+    assert writer.stage(1024, wait=0.01) is None
+    del held
+
+
 def test_a_slot_is_free_once_the_last_buffer_made_from_it_is_gone(ring, writer):
     msg = _send(writer, _batch())
     got = ring.read(msg)

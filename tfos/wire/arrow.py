@@ -51,11 +51,26 @@ def _columns(rows, kind: str):
     return ["_0"], [rows]
 
 
-def _to_array(values):
-    """One column of Python values -> (pa.Array, per-row shape or None)."""
+def _stacked(values, alloc):
+    """Rows of ndarrays of one shape and dtype stacked into the memory ``alloc(nbytes)`` gives (a
+    uint8 array), or None when it gives none or a row differs (the caller stacks them itself)."""
+    first = values[0]
+    shape = (len(values),) + first.shape
+    out = alloc(int(np.prod(shape)) * first.dtype.itemsize) if first.dtype.kind in "biuf" and first.ndim else None
+    try:  # another shape or dtype: converted as usual, which says where
+        return None if out is None else np.stack(values, out=out.view(first.dtype).reshape(shape), casting="no")
+    except (ValueError, TypeError):
+        return None
+
+
+def _to_array(values, alloc=None):
+    """One column of Python values -> (pa.Array, per-row shape or None); a column of ndarrays is
+    stacked into ``alloc``'s memory when it gives some."""
     first = values[0]
     if isinstance(first, (np.ndarray, list, tuple)):
-        arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
+        arr = _stacked(values, alloc) if alloc is not None and isinstance(first, np.ndarray) else None
+        if arr is None:
+            arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
         if arr.dtype == object or arr.ndim < 2 or arr.dtype.kind not in "biuf":
             raise ValueError("ragged or non-numeric vectors")
         shape = arr.shape[1:]
@@ -71,8 +86,10 @@ def _to_array(values):
     return pa.array(arr), None
 
 
-def rows_to_batch(rows: list, partition: int = -1, first_row: int = 0) -> pa.RecordBatch:
-    """Convert a chunk of rows of one shape into a record batch.
+def rows_to_batch(rows: list, partition: int = -1, first_row: int = 0, alloc=None) -> pa.RecordBatch:
+    """Convert a chunk of rows of one shape into a record batch; its first column of ndarrays
+    goes into the memory ``alloc(nbytes)`` gives, if it gives some (a uint8 array: a slot of a
+    shared-memory ring, so the column is written once, where the TF process reads it).
 
     Raises FeedError naming the partition, the row index within the partition and the column
     when a row does not match the first row's layout or a value cannot be converted.
@@ -86,7 +103,9 @@ def rows_to_batch(rows: list, partition: int = -1, first_row: int = 0) -> pa.Rec
     arrays, fields = [], []
     for j, (name, values) in enumerate(zip(names, cols)):
         try:
-            arr, shape = _to_array(values)
+            arr, shape = _to_array(values, alloc)
+            if shape is not None:
+                alloc = None  # one staged column per chunk
         except (ValueError, TypeError, pa.ArrowException) as e:
             i, why = _find_bad_value(values)
             raise FeedError(f"partition {partition}, row {first_row + i}, column {name!r} (position {j}): {why or e}") from None

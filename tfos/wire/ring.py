@@ -38,6 +38,7 @@ import struct
 import threading
 import time
 
+import numpy as np
 import pyarrow as pa
 
 from tfos.errors import ProtocolError
@@ -64,6 +65,9 @@ SLOT_BYTES = 17 << 20
 MAX_RINGS = 8
 #: how long a writer looks for a free slot before it sends the chunk over the channel
 SLOT_WAIT = 0.25
+#: where in a slot a staged column is converted (:meth:`RingWriter.stage`): room before it for the
+#: stream's messages and the buffers of the columns ahead of it
+STAGE_AT = 256 << 10
 
 
 def _words(slot: int) -> int:
@@ -257,40 +261,90 @@ class RingWriter:
         self.key = (offer.pid, offer.fd, offer.token)
         self.mm, self.populated = _mapping(offer)
         self.view = memoryview(self.mm)
+        self.staged: tuple[int, int] | None = None  # (slot, address) of the column :meth:`stage` lent
 
-    def put(self, parts, wait: float = SLOT_WAIT) -> tuple[int, int, int, int] | None:
-        """Write one Arrow IPC stream (``parts``, as :func:`arrow.ipc_parts` gives them) into a free
-        slot, its body 64-byte aligned: ``(slot, seq, offset, length)`` to send as ``FeedShm``;
-        None when it does not fit a slot or no slot came free within ``wait`` seconds."""
-        n = sum(memoryview(p).nbytes for p in parts)
-        offset = -ipc_head_length(parts[0]) % ALIGN
-        if offset + n > self.slot_bytes:
+    def stage(self, nbytes: int, wait: float = SLOT_WAIT):
+        """Writable memory for a column of ``nbytes`` at STAGE_AT in a free slot, to convert the
+        next chunk's rows straight into (a numpy uint8 array; None when no slot is free within
+        ``wait`` or the column does not fit). The next :meth:`put` sends the chunk from that slot
+        without copying the column if its stream can be laid out around it; a later ``stage``
+        gives the slot up."""
+        self.staged = None
+        if nbytes <= 0 or STAGE_AT + nbytes > self.slot_bytes:
             return None
         slot = self._free_slot(wait)
         if slot is None:
             return None
-        at = HEADER + slot * self.slot_bytes + offset
+        self._populate(slot)
+        out = np.frombuffer(self.mm, np.uint8, nbytes, HEADER + slot * self.slot_bytes + STAGE_AT)
+        self.staged = (slot, out.ctypes.data)
+        return out
+
+    def put(self, parts, wait: float = SLOT_WAIT) -> tuple[int, int, int, int] | None:
+        """Write one Arrow IPC stream (``parts``, as :func:`arrow.ipc_parts` gives them) into a free
+        slot, its body 64-byte aligned: ``(slot, seq, offset, length)`` to send as ``FeedShm``;
+        None when it does not fit a slot or no slot came free within ``wait`` seconds. A column
+        converted into the staged slot stays where it is and the rest is written around it."""
+        n = sum(memoryview(p).nbytes for p in parts)
+        staged, self.staged = self.staged, None
+        if staged is not None:
+            placed = self._put_around(parts, n, *staged)
+            if placed is not None:
+                return placed
+        offset = -ipc_head_length(parts[0]) % ALIGN
+        if offset + n > self.slot_bytes:
+            return None
+        # never the staged slot: the chunk's column may be read from there
+        slot = self._free_slot(wait, skip=staged[0] if staged is not None else -1)
+        if slot is None:
+            return None
+        self._populate(slot)
+        self._write(parts, HEADER + slot * self.slot_bytes + offset)
+        return self._filled(slot, offset, n)
+
+    def _put_around(self, parts, n: int, slot: int, address: int) -> tuple[int, int, int, int] | None:
+        """The stream laid out in ``slot`` so that its part at ``address`` (the staged column)
+        stays in place, with the body 64-byte aligned; None when it cannot be."""
+        pos = 0
+        for k, p in enumerate(parts):
+            if isinstance(p, pa.Buffer) and p.address == address:
+                break
+            pos += memoryview(p).nbytes
+        else:
+            return None
+        offset = STAGE_AT - pos
+        if offset < 0 or (offset + ipc_head_length(parts[0])) % ALIGN or offset + n > self.slot_bytes:
+            return None
+        self._write(parts, HEADER + slot * self.slot_bytes + offset, keep=k)
+        return self._filled(slot, offset, n)
+
+    def _write(self, parts, at: int, keep: int = -1) -> None:
+        for j, p in enumerate(parts):
+            src = memoryview(p).cast("B")
+            if j != keep:
+                self.view[at:at + len(src)] = src
+            at += len(src)
+
+    def _filled(self, slot: int, offset: int, n: int) -> tuple[int, int, int, int]:
+        seq = _SLOT_WORDS.unpack_from(self.mm, _words(slot))[0] + 1
+        struct.pack_into("<Q", self.mm, _words(slot), seq)
+        return slot, seq, offset, n
+
+    def _populate(self, slot: int) -> None:
         if slot not in self.populated:
             self.populated.add(slot)
             try:
                 self.mm.madvise(_MADV_POPULATE_WRITE, HEADER + slot * self.slot_bytes, self.slot_bytes)
             except OSError:  # an older kernel: the pages fault in as they are written
                 pass
-        for p in parts:
-            src = memoryview(p).cast("B")
-            self.view[at:at + len(src)] = src
-            at += len(src)
-        seq = _SLOT_WORDS.unpack_from(self.mm, _words(slot))[0] + 1
-        struct.pack_into("<Q", self.mm, _words(slot), seq)
-        return slot, seq, offset, n
 
-    def _free_slot(self, wait: float) -> int | None:
+    def _free_slot(self, wait: float, skip: int = -1) -> int | None:
         deadline = Deadline(wait)
         pause = 0.0005
         while True:
             for slot in range(self.slots):  # the lowest free slot: the fewest pages ever touched
                 filled, freed = _SLOT_WORDS.unpack_from(self.mm, _words(slot))
-                if filled == freed:
+                if filled == freed and slot != skip:
                     return slot
             if deadline.expired():
                 return None

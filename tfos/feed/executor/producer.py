@@ -42,20 +42,36 @@ def _row_bytes(batch: pa.RecordBatch) -> int:
     return max(1, batch.nbytes // max(1, batch.num_rows))
 
 
+class RowGroups:
+    """A partition's Python rows in groups for one chunk each: ``chunk_rows``, else about
+    TARGET_CHUNK_BYTES as the last converted chunk measured (:meth:`converted`)."""
+
+    def __init__(self, iterator, chunk_rows: int | None):
+        self.it = iter(iterator)
+        self.chunk_rows = chunk_rows
+        self.size = chunk_rows or 256
+
+    def __iter__(self):
+        while True:
+            rows = list(itertools.islice(self.it, self.size))
+            if not rows:
+                return
+            yield rows
+
+    def converted(self, batch: pa.RecordBatch) -> None:
+        if self.chunk_rows is None:
+            self.size = max(64, min(65536, TARGET_CHUNK_BYTES // _row_bytes(batch))) // ROW_MULTIPLE * ROW_MULTIPLE
+
+
 def rows_to_chunks(iterator, partition: int, chunk_rows: int | None):
     """Group Python rows into record batches of about TARGET_CHUNK_BYTES (or ``chunk_rows``)."""
-    size = chunk_rows or 256
+    groups = RowGroups(iterator, chunk_rows)
     index = 0
-    it = iter(iterator)
-    while True:
-        rows = list(itertools.islice(it, size))
-        if not rows:
-            return
+    for rows in groups:
         batch = arrow.rows_to_batch(rows, partition, index)
         index += len(rows)
+        groups.converted(batch)
         yield batch
-        if chunk_rows is None:
-            size = max(64, min(65536, TARGET_CHUNK_BYTES // _row_bytes(batch))) // ROW_MULTIPLE * ROW_MULTIPLE
 
 
 def arrow_to_chunks(batches, chunk_rows: int | None):
@@ -86,6 +102,48 @@ class Positioned:
                 continue
             for start, end in positions.subtract(at, self.rows, self.skip):
                 yield start, batch.slice(start - at, end - start)
+
+
+def placed_batches(chunks, place, sender: Sender):
+    """``(offset, batch, pieces, safe)`` for each ``(offset, batch)`` of ``chunks``: the driver's
+    placement of it, made once it is converted (the partition's first chunk with its columns)."""
+    for offset, batch in chunks:
+        yield (offset, batch, *place(batch.num_rows, batch if sender.schema is None else None))
+
+
+class PlacedRows:
+    """A partition's Python rows as ``(offset, batch, pieces, safe)``: every chunk after the first
+    is placed before its rows are converted, and each of its pieces is converted on its own, for
+    its node: into a slot of the ring that node lent this task, if it did (the piece's first column
+    of ndarrays is then written once, where the TF process reads it). ``rows``: the rows read so
+    far."""
+
+    def __init__(self, iterator, partition: int, chunk_rows: int | None, place, sender: Sender):
+        self.groups = RowGroups(iterator, chunk_rows)
+        self.partition, self.place, self.sender = partition, place, sender
+        self.rows = 0
+
+    def __iter__(self):
+        for rows in self.groups:
+            at, self.rows = self.rows, self.rows + len(rows)
+            if self.sender.schema is None:
+                batch = arrow.rows_to_batch(rows, self.partition, at)
+                self.groups.converted(batch)
+                yield (at, batch, *self.place(batch.num_rows, batch))
+                continue
+            pieces, safe = self.place(len(rows))
+            if not pieces or any(n <= 0 for _, n in pieces):  # as the driver said, whatever it said
+                batch = arrow.rows_to_batch(rows, self.partition, at)
+                self.groups.converted(batch)
+                yield at, batch, pieces, safe
+                continue
+            start = 0
+            for node, n in pieces:
+                batch = arrow.rows_to_batch(rows[start:start + n], self.partition, at + start,
+                                            self.sender.staging(node))
+                yield at + start, batch, [(node, n)], safe
+                start += n
+            self.groups.converted(batch)
 
 
 def _guard_retry(what: str) -> None:
@@ -144,12 +202,25 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool, epoch: int = -1, ski
     def feed(partition: int, iterator) -> tuple[int, int]:
         _guard_retry(f"feeding partition {partition}")
         cfg = task_config(sealed)
-        chunks = arrow_to_chunks(iterator, cfg.chunk_rows) if arrow_input else \
-            rows_to_chunks(iterator, partition, cfg.chunk_rows)
-        chunks = Positioned(chunks, (skip or {}).get(partition, ()))
         sender = Sender(cfg, partition, train=True)
         driver = DriverClient.for_feed(cfg)
         stopped = False
+
+        def place(rows: int, first: pa.RecordBatch | None = None):
+            if first is None:
+                return driver.place_chunk(cfg.feed_id, rows)
+            try:  # the partition's first chunk: the driver checks its columns against other partitions'
+                return driver.place_chunk(cfg.feed_id, rows, partition=partition, columns=arrow.columns(first.schema))
+            except RequestRefused as e:
+                raise FeedError(str(e)) from None
+
+        ranges = (skip or {}).get(partition, ())
+        if arrow_input or ranges:
+            chunks = Positioned(arrow_to_chunks(iterator, cfg.chunk_rows) if arrow_input else
+                                rows_to_chunks(iterator, partition, cfg.chunk_rows), ranges)
+            placed = placed_batches(chunks, place, sender)
+        else:
+            placed = chunks = PlacedRows(iterator, partition, cfg.chunk_rows, place, sender)
 
         def finished_reading(node):
             try:
@@ -161,15 +232,7 @@ def make_train_feeder(cfg: M.FeedConfig, arrow_input: bool, epoch: int = -1, ski
         total = 0
         try:
             with driver.session(timeout=60.0):
-                for offset, batch in chunks:
-                    if sender.schema is None:  # first chunk: the driver checks it against other partitions
-                        try:
-                            pieces, safe = driver.place_chunk(cfg.feed_id, batch.num_rows, partition=partition,
-                                                              columns=arrow.columns(batch.schema))
-                        except RequestRefused as e:
-                            raise FeedError(str(e)) from None
-                    else:
-                        pieces, safe = driver.place_chunk(cfg.feed_id, batch.num_rows)
+                for offset, batch, pieces, safe in placed:
                     if not _send_pieces(sender, driver, cfg.feed_id, batch, pieces, safe,
                                         (epoch, partition, offset) if epoch >= 0 else None):
                         stopped = True

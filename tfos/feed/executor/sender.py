@@ -75,6 +75,17 @@ class Sender:
                 why = f"its ring cannot be mapped here: {e}"
         _log_path(f"the channel to node {node} ({why})")
 
+    def staging(self, node: int):
+        """``alloc`` for :func:`tfos.wire.arrow.rows_to_batch` that converts a chunk bound for
+        ``node`` into a slot of the ring it lent (None when it lent none, or cannot be reached:
+        the send then says so)."""
+        try:
+            self.client(node)
+        except SendFailed:
+            return None
+        writer = self.rings.get(node)
+        return writer.stage if writer is not None else None
+
     def drop(self, node: int) -> None:
         self.safe_sent.pop(node, None)
         writer = self.rings.pop(node, None)

@@ -11,7 +11,9 @@ TF 2.21's servers and stock Gloo accept any client and send in clear. With encry
   which ``TF_CONFIG`` and Gloo's rendezvous name;
 * the tunnel (``rust/``, one process per node, started by the node agent) carries those
   connections between nodes over tfos's own protocol: the v5 handshake with the cluster secret,
-  then AES-256-GCM records (:mod:`tfos.wire.crypto`), compiled (no Python per byte).
+  then AES-256-GCM records (:mod:`tfos.wire.crypto`), compiled (no Python per byte). Two nodes
+  on one host need none of it: the tunnel hands its TF process a socket made in the other node's
+  namespace (taken from that node's tunnel), and the two connect straight.
 
 Modules: ``addresses`` (pure: blocks, node addresses, the peer table), ``build`` (``python -m
 tfos.tunnel build``: the shim with the C compiler, the tunnel with cargo), ``agent`` (the node

@@ -302,10 +302,12 @@ fn control_requests_and_errors() {
     // a peer whose tunnel is unreachable: the local connection is reset
     a.ok(r#"PEERS [["127.88.2.4", "127.0.0.1", 1, false]]"#);
     let free = TcpListener::bind("127.88.2.4:0").unwrap().local_addr().unwrap().port();
-    let mut conn = a.connect(Ipv4Addr::new(127, 88, 2, 4), free).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    let mut buf = [0u8; 1];
-    let r = conn.read(&mut buf);
+    // (under load the reset can come before connect() returns: that is the same outcome)
+    let r = a.connect(Ipv4Addr::new(127, 88, 2, 4), free).and_then(|mut conn| {
+        conn.set_read_timeout(Some(Duration::from_secs(15)))?;
+        let mut buf = [0u8; 1];
+        conn.read(&mut buf)
+    });
     assert!(matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset), "{r:?}");
     assert!(a.log_text().contains(&format!("connection to 127.88.2.4:{free} failed")), "{}", a.log_text());
 }
@@ -488,8 +490,9 @@ fn a_peer_on_this_host_is_reached_straight_in_its_namespace_or_else_through_the_
         .arg(
             "import socket, sys\n\
              l = socket.socket(socket.AF_UNIX); l.bind(sys.argv[1]); l.listen(4); print('up', flush=True)\n\
-             while True:\n    c, _ = l.accept(); c.recv(100)\n    s = socket.socket()\n    \
-             socket.send_fds(c, [b'Y'], [s.fileno()]); c.close()\n",
+             while True:\n    c, _ = l.accept()\n    try:\n        c.recv(100)\n        \
+             s = socket.socket()\n        socket.send_fds(c, [b'Y'], [s.fileno()])\n    except OSError:\n        pass\n    \
+             c.close()\n",
         )
         .arg(&foreign)
         .uid(65534)

@@ -340,8 +340,11 @@ class Tunnels:
         return addresses.node_address(self.block, i)
 
     def env(self, i: int, port: int) -> dict:
-        return {"LD_PRELOAD": self.shim, "TFOS_TUNNEL_CONTROL": self.controls[i], "TFOS_TUNNEL_BLOCK": self.block,
-                "TFOS_TUNNEL_SELF": self.address(i), "TFOS_TUNNEL_TF_PORT": str(port)}
+        from tfos.tunnel.agent import shim_environment
+        from tfos.wire import messages as M
+
+        info = M.TunnelInfo(0, "netns", self.controls[i], self.block, self.address(i), port)
+        return shim_environment(info, self.shim, {})
 
     def stop(self) -> None:
         for p in self.procs:

@@ -22,8 +22,6 @@ def free_ports(n: int, host: str = "127.0.0.1", taken: set[int] | None = None) -
     taken = set() if taken is None else taken
     out: list[int] = []
     for _ in range(200 * n):
-        if len(out) == n:
-            return out
         port = random.randint(max(1024, min(15000, low - 1000)), low - 1)
         if port in taken:
             continue
@@ -34,8 +32,8 @@ def free_ports(n: int, host: str = "127.0.0.1", taken: set[int] | None = None) -
                 continue
         taken.add(port)
         out.append(port)
-    if len(out) == n:
-        return out
+        if len(out) == n:
+            return out
     raise TFOSError(f"found only {len(out)} of {n} free ports on {host} below the ephemeral range ({low})")
 
 

@@ -126,14 +126,12 @@ class PlacedRows:
     def __iter__(self):
         for rows in self.groups:
             at, self.rows = self.rows, self.rows + len(rows)
-            if self.sender.schema is None:
+            first = self.sender.schema is None  # placed once converted: the driver checks its columns
+            pieces, safe = ([], 0) if first else self.place(len(rows))
+            if first or not pieces or any(n <= 0 for _, n in pieces):  # whole, as the driver said
                 batch = arrow.rows_to_batch(rows, self.partition, at)
-                self.groups.converted(batch)
-                yield (at, batch, *self.place(batch.num_rows, batch))
-                continue
-            pieces, safe = self.place(len(rows))
-            if not pieces or any(n <= 0 for _, n in pieces):  # as the driver said, whatever it said
-                batch = arrow.rows_to_batch(rows, self.partition, at)
+                if first:
+                    pieces, safe = self.place(batch.num_rows, batch)
                 self.groups.converted(batch)
                 yield at, batch, pieces, safe
                 continue

@@ -251,13 +251,9 @@ pub fn peer_uid(fd: BorrowedFd<'_>) -> io::Result<u32> {
     Ok(cred.uid)
 }
 
-/// A socket's (domain, type, protocol); an error if `fd` is not a socket.
-pub fn socket_kind(fd: BorrowedFd<'_>) -> io::Result<(i32, i32, i32)> {
-    Ok((
-        getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)?,
-        getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)?,
-        getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)?,
-    ))
+/// A socket's (domain, type); an error if `fd` is not a socket.
+pub fn socket_kind(fd: BorrowedFd<'_>) -> io::Result<(i32, i32)> {
+    Ok((getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)?, getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)?))
 }
 
 /// Room for one control message carrying one descriptor, aligned for cmsghdr.

@@ -203,8 +203,8 @@ impl Tunnel {
         };
         let want = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
         match sys::socket_kind(fd.as_fd()) {
-            Ok((d, t, _)) if d == domain && t == want => Ok(fd),
-            Ok((d, t, _)) => Err(format!("got a socket of domain {d} and type {t}, not {domain} and {want}")),
+            Ok((d, t)) if d == domain && t == want => Ok(fd),
+            Ok((d, t)) => Err(format!("got a socket of domain {d} and type {t}, not {domain} and {want}")),
             Err(e) => Err(format!("got something that is not a socket ({e})")),
         }
     }
